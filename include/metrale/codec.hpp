@@ -1,0 +1,165 @@
+// Scalar codecs of the three KV formats, usable on host and device.
+//
+// These are THE definition of the quantizers (SYSTEM.md section 2): the CPU
+// reference and the CUDA cache-write kernels both call them, which is how
+// GPU and CPU codes and scales stay bit-identical. Everything is integer bit
+// manipulation plus IEEE f32 multiply/divide, which round identically on
+// host and device (no fused or approximate operations are involved).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define METRALE_HD __host__ __device__ __forceinline__
+#else
+#define METRALE_HD inline
+#endif
+
+namespace metrale {
+
+// Storage type of one bfloat16 value (bit pattern). Host code never does
+// arithmetic on it; use bf16_to_float / float_to_bf16.
+struct bf16 {
+  uint16_t bits;
+};
+static_assert(sizeof(bf16) == 2, "bf16 must be 2 bytes");
+
+namespace codec {
+
+METRALE_HD uint32_t f32_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+METRALE_HD float f32_from_bits(uint32_t u) {
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+METRALE_HD float bf16_to_float(bf16 v) { return f32_from_bits(uint32_t(v.bits) << 16); }
+
+// Round to nearest even; NaN stays a (quiet) NaN with its sign.
+METRALE_HD bf16 float_to_bf16(float x) {
+  uint32_t u = f32_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{uint16_t(u >> 16)};
+}
+
+// ---- E4M3 (OCP E4M3FN): bias 7, max 448, no infinities, S.1111.111 = NaN ----
+constexpr float kE4M3Max = 448.0f;
+constexpr uint8_t kE4M3NaN = 0x7f;
+
+METRALE_HD float e4m3_to_float(uint8_t c) {
+  const uint32_t sign = uint32_t(c & 0x80u) << 24;
+  const uint32_t em = c & 0x7fu;
+  if (em == 0x7fu) return f32_from_bits(sign | 0x7fc00000u);
+  const uint32_t e = em >> 3, m = em & 7u;
+  float mag;
+  if (e == 0) {
+    mag = float(m) * (1.0f / 512.0f);  // subnormal: m * 2^-9, exact
+  } else {
+    mag = f32_from_bits(((e + 120u) << 23) | (m << 20));  // 2^(e-7) * 1.m
+  }
+  return f32_from_bits(f32_bits(mag) | sign);
+}
+
+// Round to nearest even, saturating to +-448 (infinities too); NaN -> 0x7f.
+// Tiny magnitudes round to a signed zero.
+METRALE_HD uint8_t e4m3_rne_satfinite(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return kE4M3NaN;
+  uint32_t q;
+  if (a < 0x3c800000u) {  // |x| < 2^-6: subnormal grid of step 2^-9
+    // |x| * 2^9 is exact; round its integer part to nearest even by hand.
+    const float s = f32_from_bits(a) * 512.0f;  // in [0, 8)
+    const uint32_t su = f32_bits(s);
+    if (s <= 0.5f) {
+      q = 0u;  // 0.5 is a tie and goes to the even code 0
+    } else {
+      // s = 1.f * 2^k with k in [-1, 2]; integer part and remainder in fixed point.
+      const int k = int(su >> 23) - 127;
+      const uint32_t mant = (su & 0x7fffffu) | 0x800000u;  // s = mant * 2^(k-23)
+      const int shift = 23 - k;                             // 21..24
+      q = mant >> shift;
+      const uint32_t rem = mant & ((1u << shift) - 1u);
+      const uint32_t half = 1u << (shift - 1);
+      if (rem > half || (rem == half && (q & 1u))) ++q;
+    }
+  } else {
+    // Normal: keep 3 mantissa bits of the rebiased value; the increment may
+    // carry into the exponent, which is the correct rounding up.
+    const uint32_t t = (((a >> 23) - 120u) << 23) | (a & 0x7fffffu);
+    q = t >> 20;
+    const uint32_t rem = t & 0xfffffu;
+    if (rem > 0x80000u || (rem == 0x80000u && (q & 1u))) ++q;
+    if (q > 0x7eu) q = 0x7eu;  // satfinite: 448
+  }
+  return uint8_t(sign | q);
+}
+
+// ---- E2M1: sign, 2 exponent bits, 1 mantissa bit: +-{0,.5,1,1.5,2,3,4,6} ----
+constexpr float kE2M1Max = 6.0f;
+
+METRALE_HD float e2m1_to_float(uint8_t c) {
+  // Magnitude = code * 0.5 for codes 0..4, then 3, 4, 6.
+  const uint32_t m = c & 7u;
+  const float mag = m < 5 ? float(m) * 0.5f : (m == 5 ? 3.0f : (m == 6 ? 4.0f : 6.0f));
+  return f32_from_bits(f32_bits(mag) | (uint32_t(c & 8u) << 28));
+}
+
+// Round to nearest, ties to the even mantissa bit, saturating at 6.
+// A NaN encodes as +0: the group's scale carries the NaN (SYSTEM.md 2).
+METRALE_HD uint8_t e2m1_rne_satfinite(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0;
+  const uint8_t sign = uint8_t((u >> 28) & 8u);
+  const float v = f32_from_bits(a);
+  uint8_t m;
+  // Midpoints between neighbours; <= keeps a tie on the even code (0,1.0,2,4
+  // have mantissa 0), < sends it up to the even neighbour.
+  if (v <= 0.25f) m = 0;
+  else if (v < 0.75f) m = 1;
+  else if (v <= 1.25f) m = 2;
+  else if (v < 1.75f) m = 3;
+  else if (v <= 2.5f) m = 4;
+  else if (v < 3.5f) m = 5;
+  else if (v <= 5.0f) m = 6;
+  else m = 7;
+  return uint8_t(sign | m);
+}
+
+// ---- NVFP4: one E4M3 scale per 16 consecutive head_dim elements ----
+constexpr int kNvfp4GroupSize = 16;
+
+// Quantizes one group of 16 values (already converted from bf16 to f32).
+// `global_scale` is the per-tensor second scale g (1.0 = none); it must be a
+// finite positive f32. Writes 8 packed bytes (element 2i in bits 0-3) and
+// returns the E4M3 scale code.
+METRALE_HD uint8_t nvfp4_quantize_group(const float* x, float global_scale, uint8_t* packed) {
+  float amax = 0.0f;
+  bool nan = false;
+  for (int i = 0; i < kNvfp4GroupSize; ++i) {
+    const float a = f32_from_bits(f32_bits(x[i]) & 0x7fffffffu);
+    nan |= (a != a);
+    amax = a > amax ? a : amax;
+  }
+  if (nan) amax = f32_from_bits(0x7fc00000u);
+  const uint8_t s = e4m3_rne_satfinite(amax / (6.0f * global_scale));
+  const bool zero = (s & 0x7fu) == 0;
+  const float inv = zero ? 0.0f : 1.0f / (e4m3_to_float(s) * global_scale);
+  for (int i = 0; i < kNvfp4GroupSize; i += 2) {
+    const uint8_t lo = zero ? 0 : e2m1_rne_satfinite(x[i] * inv);
+    const uint8_t hi = zero ? 0 : e2m1_rne_satfinite(x[i + 1] * inv);
+    packed[i / 2] = uint8_t(lo | (hi << 4));
+  }
+  return s;
+}
+
+}  // namespace codec
+}  // namespace metrale

@@ -1,0 +1,44 @@
+// The CUDA backend (Hopper, sm_90a): the same operations as metrale/cpu.hpp on
+// device memory, enqueued on a stream. Launchers validate every argument
+// before launching and throw CudaError when the runtime reports a failure.
+// Nothing here allocates or synchronises, so every call can be captured in
+// a CUDA graph.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "metrale/ops.hpp"
+#include "metrale/plan.hpp"
+
+struct CUstream_st;
+
+namespace metrale::cuda {
+
+using Stream = CUstream_st*;  // cudaStream_t; nullptr = the legacy default stream
+
+// True when a CUDA device usable by this build (sm_90) is present.
+bool available();
+
+struct DeviceInfo {
+  int32_t device = 0;
+  int32_t num_sms = 0;
+  int32_t major = 0, minor = 0;
+  int64_t l2_bytes = 0;
+  std::string name;
+};
+DeviceInfo device_info();  // the current device; throws CudaError if none
+
+void reshape_and_cache(const CacheWriteArgs& args, Stream stream = nullptr);
+
+// Device counterpart of cpu::bf16_absmax: atomic max into *absmax (device f32).
+void bf16_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, float* absmax,
+                 Stream stream = nullptr);
+
+void paged_decode_attn(const DecodeArgs& args, Stream stream = nullptr);
+void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
+void paged_decode_attn_reduce(const ReduceArgs& args, Stream stream = nullptr);
+
+void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
+
+}  // namespace metrale::cuda

@@ -1,0 +1,93 @@
+// Arguments of every operation of SYSTEM.md section 1, shared by the CPU
+// reference backend (metrale/cpu.hpp) and the CUDA backend (metrale/cuda.hpp).
+//
+// Pointers are to host memory for the CPU backend and device memory for the
+// CUDA backend. Element strides count elements, not bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "metrale/cache.hpp"
+#include "metrale/codec.hpp"
+
+namespace metrale {
+
+// reshape_and_cache: token j's K row is key[j*key_stride + h*D + d] (rows of a
+// fused QKV projection, hence the stride); it is written to slot
+// slot_mapping[j] of the cache. A negative slot is padding and skipped; a
+// slot >= capacity is skipped and counted in *skipped.
+struct CacheWriteArgs {
+  const bf16* key = nullptr;             // [num_tokens, key_stride], 16-byte aligned
+  int64_t key_stride = 0;                // elements, >= H*D, multiple of 8
+  const bf16* value = nullptr;           // [num_tokens, value_stride], 16-byte aligned
+  int64_t value_stride = 0;              // elements, >= H*D, multiple of 8
+  const int64_t* slot_mapping = nullptr; // [num_tokens]
+  int64_t num_tokens = 0;
+  KvCacheView cache;                     // scales: fp8 k/v_scale, nvfp4 k/v_global_scale
+  int32_t* skipped = nullptr;            // optional counter, incremented per out-of-capacity slot
+};
+
+// Paged decode: one query token per sequence attends to positions
+// [max(0, L - W), L) of its cache (W = sliding_window, 0 = whole context).
+// q head h reads kv head h / (num_q_heads / num_kv_heads).
+struct DecodeArgs {
+  const bf16* q = nullptr;               // [num_seqs, q_stride], head h at h*D; 16-byte aligned
+  int64_t q_stride = 0;                  // elements, >= num_q_heads*D, multiple of 8
+  int32_t num_seqs = 0;
+  int32_t num_q_heads = 0;
+  KvCacheView cache;
+  const int32_t* block_tables = nullptr; // [num_seqs, max_blocks_per_seq] page ids
+  int32_t max_blocks_per_seq = 0;
+  const int32_t* seq_lens = nullptr;     // [num_seqs], 0 <= L <= max_blocks_per_seq * block_size
+  int32_t sliding_window = 0;            // 0 = off
+  float sm_scale = 0.0f;                 // multiplies the logits (1/sqrt(D) usually)
+  bf16* out = nullptr;                   // [num_seqs, num_q_heads, D], contiguous
+};
+
+// Split-K state (SYSTEM.md 4): f32 records of D + 2 floats, record index
+// (seq*num_q_heads + h)*num_splits + split: the split's normalised partial
+// output, then m (max logit) and l (sum of exp(logit - m)).
+struct SplitKWorkspace {
+  float* data = nullptr;
+  size_t bytes = 0;
+  int32_t num_splits = 1;
+};
+
+size_t splitk_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim, int32_t num_splits);
+
+// Split s of a sequence covers pages [first + s*per, min(first + (s+1)*per, end))
+// of its attended range, per = ceil((end - first) / num_splits): contiguous,
+// page-aligned, the same rule on every backend.
+struct PageRange {
+  int32_t first, end;  // pages [first, end) of the sequence's block-table row
+};
+METRALE_HD PageRange split_pages(PageRange attended, int32_t split, int32_t num_splits) {
+  const int32_t per = (attended.end - attended.first + num_splits - 1) / num_splits;
+  const int32_t a = attended.first + split * per;
+  const int32_t b = a + per;
+  return PageRange{a < attended.end ? a : attended.end, b < attended.end ? b : attended.end};
+}
+
+// First attended position of a sequence of length L under window W.
+METRALE_HD int32_t window_start(int32_t seq_len, int32_t sliding_window) {
+  return (sliding_window > 0 && seq_len > sliding_window) ? seq_len - sliding_window : 0;
+}
+METRALE_HD PageRange attended_pages(int32_t seq_len, int32_t sliding_window, int32_t block_size) {
+  return PageRange{window_start(seq_len, sliding_window) / block_size, (seq_len + block_size - 1) / block_size};
+}
+
+struct ReduceArgs {
+  const float* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int32_t num_seqs = 0;
+  int32_t num_q_heads = 0;
+  int32_t head_dim = 0;
+  int32_t num_splits = 0;
+  bf16* out = nullptr;                   // [num_seqs, num_q_heads, head_dim]
+};
+
+// Largest num_splits a split-K launch accepts.
+constexpr int32_t kMaxSplits = 256;
+
+}  // namespace metrale

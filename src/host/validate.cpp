@@ -1,0 +1,105 @@
+// Argument validation shared by the CPU and CUDA backends (SYSTEM.md 6).
+#include "host/validate.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "metrale/error.hpp"
+
+namespace metrale::detail {
+namespace {
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+void check_ptr(const void* p, const char* name, bool need_align16) {
+  METRALE_CHECK_ARG(p != nullptr, name, "nullptr", "a valid pointer");
+  if (need_align16) METRALE_CHECK_ARG(aligned16(p), name, p, "a 16-byte aligned pointer");
+}
+
+void check_scale(float s, const char* name) {
+  METRALE_CHECK_ARG(std::isfinite(s) && s > 0.0f, name, s, "a finite positive f32");
+}
+
+}  // namespace
+
+void validate_cache_view(const KvCacheView& cache) {
+  cache.layout.validate();
+  check_ptr(cache.k, "cache.k", true);
+  check_ptr(cache.v, "cache.v", true);
+  if (cache.layout.format == KvFormat::fp8_e4m3) {
+    check_scale(cache.scales.k_scale, "cache.scales.k_scale");
+    check_scale(cache.scales.v_scale, "cache.scales.v_scale");
+  } else if (cache.layout.format == KvFormat::nvfp4) {
+    check_scale(cache.scales.k_global_scale, "cache.scales.k_global_scale");
+    check_scale(cache.scales.v_global_scale, "cache.scales.v_global_scale");
+  }
+}
+
+void validate_cache_write(const CacheWriteArgs& a) {
+  METRALE_CHECK_ARG(a.num_tokens >= 0 && a.num_tokens <= (int64_t(1) << 31) - 1, "num_tokens", a.num_tokens,
+                    "0..2^31-1");
+  validate_cache_view(a.cache);
+  if (a.num_tokens == 0) return;
+  const int64_t row = int64_t(a.cache.layout.num_kv_heads) * a.cache.layout.head_dim;
+  check_ptr(a.key, "key", true);
+  check_ptr(a.value, "value", true);
+  check_ptr(a.slot_mapping, "slot_mapping", false);
+  METRALE_CHECK_ARG(a.key_stride >= row && a.key_stride % 8 == 0, "key_stride", a.key_stride,
+                    ">= num_kv_heads*head_dim = " + std::to_string(row) + " and a multiple of 8 elements");
+  METRALE_CHECK_ARG(a.value_stride >= row && a.value_stride % 8 == 0, "value_stride", a.value_stride,
+                    ">= num_kv_heads*head_dim = " + std::to_string(row) + " and a multiple of 8 elements");
+}
+
+void validate_decode(const DecodeArgs& a) {
+  METRALE_CHECK_ARG(a.num_seqs >= 0, "num_seqs", a.num_seqs, ">= 0");
+  validate_cache_view(a.cache);
+  const int32_t hkv = a.cache.layout.num_kv_heads, d = a.cache.layout.head_dim;
+  METRALE_CHECK_ARG(a.num_q_heads > 0 && a.num_q_heads % hkv == 0, "num_q_heads", a.num_q_heads,
+                    "a positive multiple of num_kv_heads = " + std::to_string(hkv));
+  METRALE_CHECK_ARG(a.sliding_window >= 0, "sliding_window", a.sliding_window, ">= 0 (0 = off)");
+  METRALE_CHECK_ARG(std::isfinite(a.sm_scale), "sm_scale", a.sm_scale, "a finite f32");
+  METRALE_CHECK_ARG(a.max_blocks_per_seq > 0, "max_blocks_per_seq", a.max_blocks_per_seq, "> 0");
+  if (a.num_seqs == 0) return;
+  check_ptr(a.q, "q", true);
+  check_ptr(a.out, "out", true);
+  check_ptr(a.block_tables, "block_tables", false);
+  check_ptr(a.seq_lens, "seq_lens", false);
+  METRALE_CHECK_ARG(a.q_stride >= int64_t(a.num_q_heads) * d && a.q_stride % 8 == 0, "q_stride", a.q_stride,
+                    ">= num_q_heads*head_dim = " + std::to_string(int64_t(a.num_q_heads) * d) +
+                        " and a multiple of 8 elements");
+}
+
+void validate_workspace(const DecodeArgs& a, const SplitKWorkspace& ws) {
+  METRALE_CHECK_ARG(ws.num_splits >= 1 && ws.num_splits <= kMaxSplits, "num_splits", ws.num_splits,
+                    "1.." + std::to_string(kMaxSplits));
+  if (a.num_seqs == 0) return;
+  check_ptr(ws.data, "workspace", true);
+  const size_t need = splitk_workspace_bytes(a.num_seqs, a.num_q_heads, a.cache.layout.head_dim, ws.num_splits);
+  METRALE_CHECK_ARG(ws.bytes >= need, "workspace_bytes", ws.bytes, ">= " + std::to_string(need));
+}
+
+void validate_reduce(const ReduceArgs& a) {
+  METRALE_CHECK_ARG(a.num_seqs >= 0, "num_seqs", a.num_seqs, ">= 0");
+  METRALE_CHECK_ARG(a.num_q_heads > 0, "num_q_heads", a.num_q_heads, "> 0");
+  bool hd_ok = false;
+  for (int hd : kSupportedHeadDims) hd_ok |= (hd == a.head_dim);
+  if (!hd_ok) throw_unsupported("head_dim", a.head_dim, "64, 128, 256");
+  METRALE_CHECK_ARG(a.num_splits >= 1 && a.num_splits <= kMaxSplits, "num_splits", a.num_splits,
+                    "1.." + std::to_string(kMaxSplits));
+  if (a.num_seqs == 0) return;
+  check_ptr(a.workspace, "workspace", true);
+  check_ptr(a.out, "out", true);
+  const size_t need = splitk_workspace_bytes(a.num_seqs, a.num_q_heads, a.head_dim, a.num_splits);
+  METRALE_CHECK_ARG(a.workspace_bytes >= need, "workspace_bytes", a.workspace_bytes, ">= " + std::to_string(need));
+}
+
+void validate_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, const float* absmax) {
+  METRALE_CHECK_ARG(num_rows >= 0, "num_rows", num_rows, ">= 0");
+  METRALE_CHECK_ARG(row_len >= 0, "row_len", row_len, ">= 0");
+  METRALE_CHECK_ARG(row_stride >= row_len, "row_stride", row_stride, ">= row_len = " + std::to_string(row_len));
+  check_ptr(absmax, "absmax", false);
+  if (num_rows > 0 && row_len > 0) check_ptr(x, "x", false);
+}
+
+}  // namespace metrale::detail

@@ -1,0 +1,17 @@
+// Argument validation shared by the CPU and CUDA backends (SYSTEM.md 6).
+// Each function throws InvalidArgument / Unsupported naming the argument,
+// its value and the expectation; nothing is launched before it returns.
+#pragma once
+
+#include "metrale/ops.hpp"
+
+namespace metrale::detail {
+
+void validate_cache_view(const KvCacheView& cache);
+void validate_cache_write(const CacheWriteArgs& args);
+void validate_decode(const DecodeArgs& args);
+void validate_workspace(const DecodeArgs& args, const SplitKWorkspace& ws);
+void validate_reduce(const ReduceArgs& args);
+void validate_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, const float* absmax);
+
+}  // namespace metrale::detail
