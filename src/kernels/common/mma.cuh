@@ -1,0 +1,101 @@
+// Warp-level tensor-core MMAs (mma.sync, sm_80+) and the packed conversions
+// the decode kernel feeds them with. Fragment layouts are PTX ISA's
+// "Matrix Fragments for mma.m16n8k16 / m16n8k8": with g = lane/4, c = lane%4,
+//   A (16x16, row): a0a1 (row g, k 2c..2c+1), a2a3 (row g+8, same k),
+//                   a4a5 (row g, k 2c+8..), a6a7 (row g+8, k 2c+8..)
+//   B (16x8, col):  b0b1 (k 2c..2c+1, col g), b2b3 (k 2c+8.., col g)
+//   C (16x8, f32):  c0 c1 (row g, cols 2c, 2c+1), c2 c3 (row g+8, same cols)
+// m16n8k8 takes A = {a0a1, a2a3} and B = {b0b1}: exactly the C layout of a
+// previous product, which is why the softmax weights never leave registers.
+#pragma once
+
+#include <cstdint>
+
+namespace metrale::kernels {
+
+struct Bf16Op {};  // operands are bfloat16
+struct F16Op {};   // operands are float16
+
+template <class Op>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_16816<Bf16Op>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<F16Op>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <class Op>
+__device__ __forceinline__ void mma_1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0);
+
+template <>
+__device__ __forceinline__ void mma_1688<Bf16Op>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(b0));
+}
+template <>
+__device__ __forceinline__ void mma_1688<F16Op>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// Two f32 -> packed pair (lo in bits 0-15), round to nearest even.
+template <class Op>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<Bf16Op>(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<F16Op>(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two E4M3 codes (bits 0-7 -> low half, 8-15 -> high half) to f16x2, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes16) {
+  uint32_t r;
+  asm("{\n .reg .b16 t;\n cvt.u16.u32 t, %1;\n cvt.rn.f16x2.e4m3x2 %0, t;\n}\n" : "=r"(r) : "r"(codes16));
+  return r;
+}
+
+// E2M1 codes in bits 0-3 and 16-19 of t to f16x2 holding code * 2^-14: the
+// code's exponent and mantissa bits land in the f16's low exponent bits and
+// top mantissa bit (E2M1's subnormal 0.5 becomes an f16 subnormal), so the
+// value is exact up to the power of two folded into the scales.
+__device__ __forceinline__ uint32_t e2m1x2_to_f16x2_scaled(uint32_t t) {
+  return ((t << 12) & 0x80008000u) | ((t << 9) & 0x0e000e00u);
+}
+constexpr float kE2M1F16Shift = 16384.0f;  // 2^14 undone by the caller
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+}  // namespace metrale::kernels

@@ -1,0 +1,105 @@
+// Host side of the CUDA decode: validation, DecodeArgs -> DecodeParams, the
+// one dispatch point over formats, and run_decode (plan -> launches).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "host/validate.hpp"
+#include "kernels/common/cuda_check.hpp"
+#include "kernels/decode/decode_launch.cuh"
+#include "metrale/cuda.hpp"
+
+namespace metrale::cuda {
+namespace {
+
+using kernels::DecodeParams;
+constexpr int32_t kQHeadsPerCta = 16;
+
+DecodeParams make_params(const DecodeArgs& a) {
+  const KvCacheLayout& L = a.cache.layout;
+  DecodeParams p{};
+  p.q = a.q;
+  p.q_stride = a.q_stride;
+  p.k_cache = static_cast<const uint8_t*>(a.cache.k);
+  p.v_cache = static_cast<const uint8_t*>(a.cache.v);
+  p.page_stride = L.page_stride_bytes;
+  p.scale_offset = L.data_section_bytes;
+  p.num_blocks = int32_t(L.num_blocks);
+  p.block_tables = a.block_tables;
+  p.max_blocks_per_seq = a.max_blocks_per_seq;
+  p.seq_lens = a.seq_lens;
+  p.num_q_heads = a.num_q_heads;
+  p.num_kv_heads = L.num_kv_heads;
+  p.group = a.num_q_heads / L.num_kv_heads;
+  p.head_tiles = (p.group + kQHeadsPerCta - 1) / kQHeadsPerCta;
+  p.block_size = L.block_size;
+  p.sliding_window = a.sliding_window;
+  float k_factor = 1.0f, v_factor = 1.0f;
+  if (L.format == KvFormat::fp8_e4m3) {
+    k_factor = a.cache.scales.k_scale;
+    v_factor = a.cache.scales.v_scale;
+  } else if (L.format == KvFormat::nvfp4) {
+    k_factor = a.cache.scales.k_global_scale * kernels::Nvfp4Format::kOperandFactor;
+    v_factor = a.cache.scales.v_global_scale * kernels::Nvfp4Format::kOperandFactor;
+  }
+  constexpr float kLog2e = 1.4426950408889634f;
+  p.qk_log2_scale = a.sm_scale * kLog2e * k_factor;
+  p.v_factor = v_factor;
+  p.num_splits = 1;
+  p.out = a.out;
+  return p;
+}
+
+int64_t num_ctas(const DecodeParams& p, int32_t num_seqs) {
+  const int64_t n = int64_t(num_seqs) * p.num_kv_heads * p.head_tiles;
+  METRALE_CHECK_ARG(n <= detail::kMaxGridX, "num_seqs", num_seqs,
+                    "num_seqs * num_kv_heads * ceil(group/16) <= 2^31-1 (grid limit)");
+  return n;
+}
+
+void launch(const DecodeParams& p, KvFormat format, int head_dim, int64_t ctas, Stream stream) {
+  switch (format) {
+    case KvFormat::bf16: return kernels::launch_decode_bf16(p, head_dim, ctas, stream);
+    case KvFormat::fp8_e4m3: return kernels::launch_decode_fp8(p, head_dim, ctas, stream);
+    case KvFormat::nvfp4: return kernels::launch_decode_nvfp4(p, head_dim, ctas, stream);
+  }
+  detail::throw_unsupported("format", int(format), "bf16, fp8_e4m3, nvfp4");
+}
+
+}  // namespace
+
+void paged_decode_attn(const DecodeArgs& args, Stream stream) {
+  detail::validate_decode(args);
+  if (args.num_seqs == 0) return;
+  DecodeParams p = make_params(args);
+  launch(p, args.cache.layout.format, args.cache.layout.head_dim, num_ctas(p, args.num_seqs), stream);
+}
+
+void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
+  detail::validate_decode(args);
+  detail::validate_workspace(args, ws);
+  if (args.num_seqs == 0) return;
+  DecodeParams p = make_params(args);
+  p.num_splits = ws.num_splits;
+  p.out = nullptr;
+  p.workspace = ws.data;
+  launch(p, args.cache.layout.format, args.cache.layout.head_dim, num_ctas(p, args.num_seqs), stream);
+}
+
+void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
+  if (plan.num_splits <= 1) return paged_decode_attn(args, stream);
+  SplitKWorkspace w = ws;
+  w.num_splits = plan.num_splits;
+  paged_decode_attn_splitk(args, w, stream);
+  ReduceArgs r;
+  r.workspace = w.data;
+  r.workspace_bytes = w.bytes;
+  r.num_seqs = args.num_seqs;
+  r.num_q_heads = args.num_q_heads;
+  r.head_dim = args.cache.layout.head_dim;
+  r.num_splits = w.num_splits;
+  r.out = args.out;
+  paged_decode_attn_reduce(r, stream);
+}
+
+}  // namespace metrale::cuda

@@ -1,0 +1,40 @@
+// Launch of one decode-kernel instantiation (format x head_dim). Each format
+// has its own translation unit (decode_<format>.cu) so they compile in
+// parallel; decode.cu dispatches to them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/common/cuda_check.hpp"
+#include "kernels/decode/decode_kernel.cuh"
+
+namespace metrale::kernels {
+
+template <class Fmt, int D>
+void launch_decode_instance(const DecodeParams& p, int64_t num_ctas, cudaStream_t stream) {
+  using Cfg = DecodeConfig<Fmt, D>;
+  auto kernel = paged_decode_kernel<Fmt, D>;
+  static const bool smem_ok = [&] {  // once per instantiation: allow > 48 KB of shared memory
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
+  }();
+  if (!smem_ok) detail::cuda_check(cudaGetLastError(), "cudaFuncSetAttribute(paged_decode_kernel)");
+  const dim3 grid(unsigned(num_ctas), unsigned(p.num_splits));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  detail::check_launch("paged_decode_kernel");
+}
+
+template <class Fmt>
+void launch_decode_format(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: return launch_decode_instance<Fmt, 64>(p, num_ctas, stream);
+    case 128: return launch_decode_instance<Fmt, 128>(p, num_ctas, stream);
+    case 256: return launch_decode_instance<Fmt, 256>(p, num_ctas, stream);
+  }
+  detail::throw_unsupported("head_dim", head_dim, "64, 128, 256");
+}
+
+void launch_decode_bf16(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream);
+void launch_decode_fp8(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream);
+void launch_decode_nvfp4(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream);
+
+}  // namespace metrale::kernels

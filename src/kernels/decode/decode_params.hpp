@@ -1,0 +1,35 @@
+// Device parameters of the paged decode kernel: the user's DecodeArgs
+// converted once (factors folded, layout flattened), passed by value.
+#pragma once
+
+#include <cstdint>
+
+#include "metrale/codec.hpp"
+
+namespace metrale::kernels {
+
+struct DecodeParams {
+  const bf16* q;             // [num_seqs, q_stride]; head h at h*D
+  int64_t q_stride;          // elements
+  const uint8_t* k_cache;    // page p at p*page_stride bytes
+  const uint8_t* v_cache;
+  int64_t page_stride;       // bytes
+  int64_t scale_offset;      // NVFP4: bytes from a page's start to its scale section
+  int32_t num_blocks;        // valid page ids are [0, num_blocks)
+  const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq;
+  const int32_t* seq_lens;   // [num_seqs]
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  int32_t group;             // q heads per kv head
+  int32_t head_tiles;        // ceil(group / 16): CTAs per (seq, kv head, split)
+  int32_t block_size;        // multiple of 16
+  int32_t sliding_window;    // 0 = off
+  float qk_log2_scale;       // sm_scale * log2(e) * K dequant factor
+  float v_factor;            // V dequant factor applied to the output
+  int32_t num_splits;
+  bf16* out;                 // single pass: [num_seqs, num_q_heads, D]
+  float* workspace;          // split-K: records of D+2 floats (SYSTEM.md 4)
+};
+
+}  // namespace metrale::kernels
