@@ -269,6 +269,20 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
       l_part[0] += p0 + p1;
       l_part[1] += p2 + p3;
       const uint32_t pa01 = pack2<Op>(p0, p1), pa23 = pack2<Op>(p2, p3);
+      // Unattended slots hold whatever the cache held (possibly NaN codes):
+      // a zero weight times NaN is NaN, so their V operands are zeroed too.
+#pragma unroll
+      for (int w = 0; w < Cfg::kVWords; ++w) {
+        va[u][w] = ok0 ? va[u][w] : 0u;
+        vb[u][w] = ok1 ? vb[u][w] : 0u;
+      }
+      if constexpr (Fmt::kScaled) {
+#pragma unroll
+        for (int b = 0; b < Cfg::kVScaleBytes; ++b) {
+          vsa[u][b] = ok0 ? vsa[u][b] : uint8_t(0);
+          vsb[u][b] = ok1 ? vsb[u][b] : uint8_t(0);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < Cfg::kNTiles; j += 2) {
         uint32_t vscale = 0;

@@ -1,0 +1,237 @@
+// GPU decode (single pass, split-K + reduce, planner) against the float64
+// reference over a randomized shape matrix. Skipped without an sm_90 GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "metrale/cuda.hpp"
+#include "metrale/error.hpp"
+#include "support/device_problem.hpp"
+#include "support/reference.hpp"
+
+namespace metrale::test {
+namespace {
+
+struct RunResult {
+  std::vector<bf16> out;
+  bool guards_ok;
+};
+
+// Runs the decode on the device with `num_splits` (0 = single pass) and
+// returns the output; workspace and output live inside guard regions.
+RunResult run_gpu(const HostProblem& hp, DeviceProblem& dp, int32_t num_splits) {
+  dp.poison_out();
+  DecodeArgs args = dp.args();
+  bool ws_ok = true;
+  if (num_splits == 0) {
+    cuda::paged_decode_attn(args);
+  } else {
+    const size_t bytes = splitk_workspace_bytes(hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, num_splits);
+    DeviceBuffer<float> ws(bytes / sizeof(float));
+    SplitKWorkspace w{ws.get(), bytes, num_splits};
+    cuda::paged_decode_attn_splitk(args, w);
+    ReduceArgs r{ws.get(), bytes, hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, num_splits, args.out};
+    cuda::paged_decode_attn_reduce(r);
+    ws_ok = ws.guards_intact();
+  }
+  METRALE_CUDA_OK(cudaDeviceSynchronize());
+  return {dp.download_out(), ws_ok && dp.out_guards_intact()};
+}
+
+void expect_matches(const HostProblem& hp, const std::vector<double>& ref, const RunResult& r, const std::string& what) {
+  EXPECT_TRUE(r.guards_ok) << what << ": a guard region around the output or workspace was written";
+  const Comparison cmp = compare_decode(r.out.data(), ref, hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim);
+  EXPECT_TRUE(cmp.ok) << what << ": " << cmp.report;
+}
+
+int32_t max_pages(const HostProblem& hp) {
+  int32_t m = 1;
+  for (int32_t len : hp.seq_lens) m = std::max(m, (len + hp.layout.block_size - 1) / hp.layout.block_size);
+  return m;
+}
+
+DecodeCase random_case(std::mt19937_64& rng) {
+  auto pick = [&](auto... v) {
+    const std::vector<int64_t> opts{int64_t(v)...};
+    return opts[rng() % opts.size()];
+  };
+  DecodeCase c;
+  c.format = KvFormat(rng() % 3);
+  c.head_dim = int32_t(pick(64, 128, 256));
+  c.block_size = int32_t(pick(16, 32, 16, 32, 64));
+  c.num_kv_heads = int32_t(pick(1, 2, 3, 8));
+  c.group = int32_t(pick(1, 2, 4, 5, 8, 16, 6, 32));
+  const int32_t max_len = int32_t(pick(1, 17, 100, 700, 3000));
+  const int32_t n = int32_t(pick(1, 3, 9));
+  c.seq_lens = interesting_lengths(c.block_size, max_len, n, rng());
+  c.sliding_window = int32_t(pick(0, 0, 1, 37, 256, 5000));
+  c.q_stride_pad = 8 * int64_t(rng() % 3);
+  c.page_pad_bytes = 16 * int64_t(rng() % 3);
+  c.outlier_channels = rng() % 4 != 0;
+  if (c.format == KvFormat::nvfp4) {
+    const float scales[] = {1.0f, 1.0f, -1.0f /* calibrate from the data */, 1.11f};
+    c.k_global_scale = c.v_global_scale = scales[rng() % 4];
+  }
+  return c;
+}
+
+TEST(GpuDecode, RandomizedMatrixSinglePassAndSplitK) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 60; ++iter) {
+    const DecodeCase c = random_case(rng);
+    SCOPED_TRACE(c.describe());
+    const HostProblem hp = make_problem(c, rng());
+    const std::vector<double> ref = reference_decode(hp);
+    DeviceProblem dp(hp);
+    expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass");
+    const int32_t pages = max_pages(hp);
+    for (int32_t ns : {1, 2, 3, pages, pages + 2, int32_t(1 + rng() % 40)})
+      expect_matches(hp, ref, run_gpu(hp, dp, std::min(ns, kMaxSplits)), "split-K num_splits=" + std::to_string(ns));
+    EXPECT_TRUE(dp.inputs_intact()) << "a kernel wrote into its inputs or their guards";
+    if (HasFailure()) break;
+  }
+}
+
+TEST(GpuDecode, EveryNumSplitsUpToMoreThanPages) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    DecodeCase c;
+    c.format = f;
+    c.block_size = 16;
+    c.seq_lens = {0, 1, 16, 17, 200, 333};
+    const HostProblem hp = make_problem(c, seed + int(f));
+    const std::vector<double> ref = reference_decode(hp);
+    DeviceProblem dp(hp);
+    for (int32_t ns = 1; ns <= max_pages(hp) + 3; ++ns)
+      expect_matches(hp, ref, run_gpu(hp, dp, ns), std::string(to_string(f)) + " num_splits=" + std::to_string(ns));
+  }
+}
+
+TEST(GpuDecode, PlannerRunsEveryBatchShape) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int32_t sms = cuda::device_info().num_sms;
+  for (auto [n, len] : std::vector<std::pair<int, int>>{{1, 8000}, {2, 3000}, {40, 300}, {300, 40}}) {
+    for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+      DecodeCase c;
+      c.format = f;
+      c.num_kv_heads = 8;
+      c.group = 4;
+      c.seq_lens.assign(n, len);
+      c.seq_lens[0] = len / 3;
+      const HostProblem hp = make_problem(c, seed + n + int(f));
+      DecodeProblem prob{hp.num_seqs(), hp.num_q_heads(), hp.layout, len, 0};
+      const DecodePlan plan = plan_decode(prob, sms);
+      SCOPED_TRACE(c.describe() + " planned splits " + std::to_string(plan.num_splits));
+      DeviceProblem dp(hp);
+      dp.poison_out();
+      DeviceBuffer<float> ws(std::max<size_t>(plan.workspace_bytes / sizeof(float), 1));
+      cuda::run_decode(plan, dp.args(), SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
+      METRALE_CUDA_OK(cudaDeviceSynchronize());
+      expect_matches(hp, reference_decode(hp), {dp.download_out(), ws.guards_intact()}, "planned run");
+    }
+  }
+}
+
+// Tens of thousands of sequences: one CTA per (sequence, kv head) must not
+// hit a grid limit silently.
+TEST(GpuDecode, TensOfThousandsOfSequences) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  DecodeCase c;
+  c.format = KvFormat::fp8_e4m3;
+  c.num_kv_heads = 1;
+  c.group = 8;
+  c.head_dim = 64;
+  c.seq_lens = interesting_lengths(16, 40, 70000, seed);
+  const HostProblem hp = make_problem(c, seed);
+  DeviceProblem dp(hp);
+  expect_matches(hp, reference_decode(hp), run_gpu(hp, dp, 0), "70000 sequences");
+  expect_matches(hp, reference_decode(hp), run_gpu(hp, dp, 3), "70000 sequences, 3 splits");
+}
+
+// A NaN in one K element reaches exactly the sequences that attend to it.
+TEST(GpuDecode, NanInCacheReachesTheOutput) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    DecodeCase c;
+    c.format = f;
+    c.seq_lens = {50, 50, 64};
+    c.sliding_window = 0;
+    HostProblem hp = make_problem(c, seed);
+    // Poison K of sequence 1, position 20, kv head 0 (every byte of its row).
+    const int32_t page = hp.block_tables[1 * hp.max_blocks_per_seq + 20 / c.block_size];
+    const int64_t row = (int64_t(20 % c.block_size) * c.num_kv_heads + 0);
+    uint8_t* base = hp.k_cache.data() + int64_t(page) * hp.layout.page_stride_bytes;
+    if (f == KvFormat::bf16) {
+      for (int d = 0; d < c.head_dim; ++d) reinterpret_cast<uint16_t*>(base)[row * c.head_dim + d] = 0x7fc0;
+    } else if (f == KvFormat::fp8_e4m3) {
+      for (int d = 0; d < c.head_dim; ++d) base[row * c.head_dim + d] = 0x7f;
+    } else {
+      for (int gidx = 0; gidx < c.head_dim / 16; ++gidx)
+        base[hp.layout.data_section_bytes + row * (c.head_dim / 16) + gidx] = 0x7f;
+    }
+    const std::vector<double> ref = reference_decode(hp);
+    DeviceProblem dp(hp);
+    for (int32_t ns : {0, 4}) {
+      const RunResult r = run_gpu(hp, dp, ns);
+      expect_matches(hp, ref, r, std::string(to_string(f)) + " NaN K, splits " + std::to_string(ns));
+      const int32_t D = c.head_dim, H = hp.num_q_heads();
+      EXPECT_TRUE(std::isnan(codec::bf16_to_float(r.out[(1 * H + 0) * D])));       // attends: NaN
+      EXPECT_FALSE(std::isnan(codec::bf16_to_float(r.out[(0 * H + 0) * D])));      // other sequence: clean
+      EXPECT_FALSE(std::isnan(codec::bf16_to_float(r.out[(1 * H + H - 1) * D])));  // other kv head: clean
+    }
+  }
+}
+
+// A page id outside the cache inside the attended range is never
+// dereferenced; that sequence's output is NaN, the others are unaffected.
+TEST(GpuDecode, CorruptBlockTableGivesNanNotAFault) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  DecodeCase c;
+  c.seq_lens = {40, 40};
+  HostProblem hp = make_problem(c, seed);
+  hp.block_tables[1 * hp.max_blocks_per_seq + 1] = int32_t(hp.layout.num_blocks) + 1000000;
+  const std::vector<double> ref = reference_decode(hp);
+  DeviceProblem dp(hp);
+  for (int32_t ns : {0, 2}) expect_matches(hp, ref, run_gpu(hp, dp, ns), "corrupt table, splits " + std::to_string(ns));
+}
+
+TEST(GpuDecode, LaunchersRejectBadArgumentsBeforeLaunching) {
+  // Validation precedes any CUDA call, so this runs without a GPU too.
+  DecodeCase c;
+  c.seq_lens = {5};
+  const HostProblem hp = make_problem(c, 1);
+  std::vector<bf16> out(hp.out_elems());
+  DecodeArgs a = hp.args(out.data());
+  a.num_q_heads = 7;
+  try {
+    cuda::paged_decode_attn(a);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("num_q_heads"), std::string::npos) << e.what();
+  }
+  a = hp.args(out.data());
+  EXPECT_THROW(cuda::paged_decode_attn_splitk(a, SplitKWorkspace{nullptr, 0, 2}), InvalidArgument);
+  EXPECT_THROW(cuda::paged_decode_attn_splitk(a, SplitKWorkspace{nullptr, 0, kMaxSplits + 1}), InvalidArgument);
+  ReduceArgs r{nullptr, 0, 1, hp.num_q_heads(), 96, 2, out.data()};
+  EXPECT_THROW(cuda::paged_decode_attn_reduce(r), Unsupported);
+}
+
+}  // namespace
+}  // namespace metrale::test
