@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -84,7 +85,10 @@ TEST(GpuDecode, RandomizedMatrixSinglePassAndSplitK) {
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  for (int iter = 0; iter < 60; ++iter) {
+  // METRALE_GPU_TEST_ITERS shortens the matrix for slow runs (sanitizers).
+  const char* iters_env = std::getenv("METRALE_GPU_TEST_ITERS");
+  const int iters = iters_env ? std::atoi(iters_env) : 60;
+  for (int iter = 0; iter < iters; ++iter) {
     const DecodeCase c = random_case(rng);
     SCOPED_TRACE(c.describe());
     const HostProblem hp = make_problem(c, rng());

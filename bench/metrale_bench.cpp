@@ -1,0 +1,253 @@
+// metrale_bench: the benchmark CLI (check / perf / oracle modes).
+//
+//   perf    time decode (planner's split choice, or --splits) or the cache
+//           write; report us, GB/s and the fraction of the read ceiling
+//           measured in the same run
+//   oracle  sweep num_splits per shape and show the planner's pick beside
+//           the best measured
+//   check   GPU decode against the CPU reference backend on each shape
+// Bytes counted: K, V and scales of the attended range (decode); bf16 rows
+// read plus codes and scales written (cache write).
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/lib/decode_workload.hpp"
+#include "bench/lib/gpu_timing.hpp"
+#include "metrale/cpu.hpp"
+#include "metrale/cuda.hpp"
+
+namespace {
+
+using namespace metrale;
+using metrale::bench::DecodeShape;
+using metrale::bench::DecodeWorkload;
+
+constexpr size_t kRotationBytes = size_t(512) << 20;  // > 8x the H200's 60 MB L2
+
+struct Row {
+  std::string op, shape, note;
+  int splits = 0;
+  double us = 0, gbps = 0, frac = 0, err = -1;
+};
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+KvFormat parse_format(const std::string& f) {
+  if (f == "bf16") return KvFormat::bf16;
+  if (f == "fp8") return KvFormat::fp8_e4m3;
+  if (f == "nvfp4") return KvFormat::nvfp4;
+  throw CLI::ValidationError("--formats", "unknown format '" + f + "' (bf16, fp8, nvfp4)");
+}
+
+// Times the decode of `w` with `num_splits` (cycling replicas inside one graph).
+double time_decode(const DecodeWorkload& w, int32_t num_splits, bf16* out, float* ws, size_t ws_bytes) {
+  const DecodePlan plan{num_splits, num_splits > 1 ? ws_bytes : 0};
+  const int per_graph = std::max(w.replicas(), std::min(20, 4 * w.replicas()));
+  return metrale::bench::median_us_per_call(
+      [&](int call, cudaStream_t s) {
+        cuda::run_decode(plan, w.args(call % w.replicas(), out), SplitKWorkspace{ws, ws_bytes, num_splits}, s);
+      },
+      per_graph);
+}
+
+double max_rel_err(const std::vector<bf16>& a, const std::vector<bf16>& b, int64_t blocks, int32_t d) {
+  double worst = 0;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    double num = 0, den = 0;
+    for (int32_t i = 0; i < d; ++i) {
+      const double x = codec::bf16_to_float(a[blk * d + i]), y = codec::bf16_to_float(b[blk * d + i]);
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+    const double e = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"metrale benchmark: paged decode and cache write on the GPU"};
+  std::string mode = "perf", op = "decode", formats = "bf16,fp8,nvfp4";
+  std::string shapes = "1x1024,1x32768,16x8192,64x4096,128x2048,256x1024,32x32768";
+  std::string heads = "32/8", csv_path, json_path;
+  int head_dim = 128, block_size = 16, forced_splits = 0, window = 0;
+  bool mixed = false;
+  app.add_option("--mode", mode, "perf | oracle | check")->check(CLI::IsMember({"perf", "oracle", "check"}));
+  app.add_option("--op", op, "decode | write")->check(CLI::IsMember({"decode", "write"}));
+  app.add_option("--formats", formats, "comma list of bf16, fp8, nvfp4");
+  app.add_option("--shapes", shapes, "comma list of BATCHxCONTEXT");
+  app.add_option("--heads", heads, "QHEADS/KVHEADS");
+  app.add_option("--head-dim", head_dim)->check(CLI::IsMember({64, 128, 256}));
+  app.add_option("--block-size", block_size)->check(CLI::IsMember({16, 32, 64, 128}));
+  app.add_option("--splits", forced_splits, "force num_splits (0 = planner)");
+  app.add_option("--window", window, "sliding window (0 = off)");
+  app.add_flag("--mixed", mixed, "lengths uniform in [1, CONTEXT]");
+  app.add_option("--csv", csv_path, "write rows as CSV");
+  app.add_option("--json", json_path, "write rows as JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!cuda::available()) {
+    std::fprintf(stderr, "metrale_bench: no sm_90 GPU here; nothing to measure\n");
+    return 2;
+  }
+  const cuda::DeviceInfo dev = cuda::device_info();
+  const double ceiling = metrale::bench::measure_read_ceiling_gbps();
+  std::printf("# %s, %d SMs; read ceiling R = %.0f GB/s (16-byte loads, 1 GiB windows, graph replay)\n",
+              dev.name.c_str(), dev.num_sms, ceiling);
+
+  int qh = 32, kvh = 8;
+  if (std::sscanf(heads.c_str(), "%d/%d", &qh, &kvh) != 2) throw CLI::ValidationError("--heads", heads);
+  std::vector<Row> rows;
+  for (const std::string& fs : split_list(formats)) {
+    for (const std::string& sh : split_list(shapes)) {
+      DecodeShape s;
+      s.format = parse_format(fs);
+      if (std::sscanf(sh.c_str(), "%dx%d", &s.num_seqs, &s.seq_len) != 2) throw CLI::ValidationError("--shapes", sh);
+      s.num_q_heads = qh;
+      s.num_kv_heads = kvh;
+      s.head_dim = head_dim;
+      s.block_size = block_size;
+      s.sliding_window = window;
+      s.mixed_lengths = mixed;
+      DecodeWorkload w(s, kRotationBytes, 1234 + rows.size());
+      const DecodeProblem prob{s.num_seqs, s.num_q_heads, w.args(0, nullptr).cache.layout, w.max_seq_len(), window};
+      const DecodePlan plan = plan_decode(prob, dev.num_sms);
+      const size_t max_ws = splitk_workspace_bytes(s.num_seqs, qh, head_dim, kMaxSplits);
+      bf16* out = nullptr;
+      float* ws = nullptr;
+      cuda_ok(cudaMalloc(&out, size_t(s.num_seqs) * qh * head_dim * sizeof(bf16)), "cudaMalloc(out)");
+      cuda_ok(cudaMalloc(&ws, max_ws), "cudaMalloc(workspace)");
+
+      auto row_for = [&](int32_t ns, double us) {
+        Row r;
+        r.op = op;
+        r.shape = s.name();
+        r.splits = ns;
+        r.us = us;
+        r.gbps = w.attended_bytes() / (us * 1e3);
+        r.frac = r.gbps / ceiling;
+        return r;
+      };
+      if (op == "write") {
+        // Cache write of one new token per sequence x 64 steps' worth of tokens, rotating slots.
+        const int64_t tokens = std::max<int64_t>(int64_t(s.num_seqs) * 64, 4096);
+        const int32_t row_len = kvh * head_dim;
+        bf16 *key = nullptr, *value = nullptr;
+        int64_t* slots = nullptr;
+        cuda_ok(cudaMalloc(&key, tokens * row_len * sizeof(bf16)), "cudaMalloc(key)");
+        cuda_ok(cudaMalloc(&value, tokens * row_len * sizeof(bf16)), "cudaMalloc(value)");
+        cuda_ok(cudaMemset(key, 0x3c, tokens * row_len * sizeof(bf16)), "memset");
+        cuda_ok(cudaMemset(value, 0x3b, tokens * row_len * sizeof(bf16)), "memset");
+        cuda_ok(cudaMalloc(&slots, tokens * sizeof(int64_t)), "cudaMalloc(slots)");
+        const DecodeArgs a = w.args(0, out);
+        const int64_t cap = a.cache.layout.capacity_slots();
+        std::vector<int64_t> hs(tokens);
+        for (int64_t t = 0; t < tokens; ++t) hs[t] = (t * 7919) % cap;
+        cuda_ok(cudaMemcpy(slots, hs.data(), tokens * 8, cudaMemcpyHostToDevice), "slots");
+        CacheWriteArgs wa;
+        wa.key = key;
+        wa.value = value;
+        wa.key_stride = wa.value_stride = row_len;
+        wa.slot_mapping = slots;
+        wa.num_tokens = tokens;
+        wa.cache = a.cache;
+        const double us = metrale::bench::median_us_per_call(
+            [&](int, cudaStream_t st) { cuda::reshape_and_cache(wa, st); }, 10);
+        Row r = row_for(0, us);
+        const double bytes = double(tokens) * (2.0 * row_len * 2 + a.cache.layout.kv_bytes_per_token()) + tokens * 8;
+        r.shape = std::string(fs) + " write " + std::to_string(tokens) + " tokens " + heads + " d" +
+                  std::to_string(head_dim);
+        r.gbps = bytes / (us * 1e3);
+        r.frac = r.gbps / ceiling;
+        rows.push_back(r);
+        cudaFree(key);
+        cudaFree(value);
+        cudaFree(slots);
+      } else if (mode == "perf") {
+        const int32_t ns = forced_splits > 0 ? forced_splits : plan.num_splits;
+        rows.push_back(row_for(ns, time_decode(w, ns, out, ws, max_ws)));
+      } else if (mode == "oracle") {
+        double best_us = 1e30;
+        int32_t best = 1;
+        for (int32_t ns : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
+          if (ns > (w.max_seq_len() + block_size - 1) / block_size && ns > 1) break;
+          const double us = time_decode(w, ns, out, ws, max_ws);
+          if (us < best_us) best_us = us, best = ns;
+        }
+        Row r = row_for(plan.num_splits, time_decode(w, plan.num_splits, out, ws, max_ws));
+        char note[96];
+        std::snprintf(note, sizeof note, "best: %d splits %.1f us (planner %+.1f%%)", best, best_us,
+                      100.0 * (r.us / best_us - 1));
+        r.note = note;
+        rows.push_back(r);
+      } else {  // check
+        const int32_t ns = forced_splits > 0 ? forced_splits : plan.num_splits;
+        cuda::run_decode(DecodePlan{ns, ns > 1 ? max_ws : 0}, w.args(0, out), SplitKWorkspace{ws, max_ws, ns});
+        std::vector<bf16> gpu(size_t(s.num_seqs) * qh * head_dim), ref(gpu.size());
+        cuda_ok(cudaMemcpy(gpu.data(), out, gpu.size() * 2, cudaMemcpyDeviceToHost), "download out");
+        DecodeWorkload::HostCopy h = w.download_replica0();
+        DecodeArgs a = w.args(0, ref.data());
+        a.q = h.q.data();
+        a.cache.k = h.k.data();
+        a.cache.v = h.v.data();
+        a.block_tables = h.block_tables.data();
+        a.seq_lens = h.seq_lens.data();
+        cpu::paged_decode_attn(a);
+        Row r = row_for(ns, 0);
+        r.us = r.gbps = r.frac = 0;
+        r.err = max_rel_err(gpu, ref, int64_t(s.num_seqs) * qh, head_dim);
+        r.note = r.err <= 1e-2 ? "ok" : "FAIL";
+        rows.push_back(r);
+      }
+      cudaFree(out);
+      cudaFree(ws);
+      const Row& r = rows.back();
+      std::printf("%-34s splits %3d  %9.1f us  %7.0f GB/s  %5.3f R  %s\n", r.shape.c_str(), r.splits, r.us, r.gbps,
+                  r.frac, r.err >= 0 ? (std::to_string(r.err) + " " + r.note).c_str() : r.note.c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  if (!csv_path.empty()) {
+    std::ofstream f(csv_path);
+    f << "op,shape,splits,us,gbps,fraction_of_ceiling,ceiling_gbps,max_rel_err,note\n";
+    for (const Row& r : rows)
+      f << r.op << ",\"" << r.shape << "\"," << r.splits << "," << r.us << "," << r.gbps << "," << r.frac << ","
+        << ceiling << "," << r.err << ",\"" << r.note << "\"\n";
+  }
+  if (!json_path.empty()) {
+    nlohmann::json j;
+    j["device"] = dev.name;
+    j["ceiling_gbps"] = ceiling;
+    for (const Row& r : rows)
+      j["rows"].push_back({{"op", r.op}, {"shape", r.shape}, {"splits", r.splits}, {"us", r.us}, {"gbps", r.gbps},
+                           {"fraction_of_ceiling", r.frac}, {"max_rel_err", r.err}, {"note", r.note}});
+    std::ofstream(json_path) << j.dump(2) << "\n";
+  }
+  bool failed = false;
+  for (const Row& r : rows) failed |= r.note == "FAIL";
+  return failed ? 1 : 0;
+}

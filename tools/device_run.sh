@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The one script for the H200 machine: build (unless prebuilt binaries were
+# carried), run every test binary (GPU tests included), optionally the GPU
+# tests under compute-sanitizer, then the benchmark; a summary table last.
+#
+#   tools/device_run.sh                  # build + tests + perf bench
+#   SANITIZE=1 tools/device_run.sh       # + memcheck and racecheck
+#   BENCH_ARGS="--mode oracle" tools/device_run.sh
+#   METRALE_BUILD_DIR=.deps/build tools/device_run.sh   # use carried binaries
+# GoogleTest and the CLI/JSON headers are not installed there: they travel
+# in .deps/ (see README "Running on the H200").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+BUILD=${METRALE_BUILD_DIR:-build-device}
+
+if [ ! -x "$BUILD/tests/test_gpu_decode" ]; then
+  echo "== building in $BUILD"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMETRALE_GTEST_SOURCE="$PWD/.deps/googletest" \
+    -DMETRALE_THIRD_PARTY_INCLUDE="$PWD/.deps/include" >"$OUT/configure.log" 2>&1 &&
+    ninja -C "$BUILD" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/configure.log" "$OUT/build.log"; exit 1; }
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+
+summary=()
+count() { grep -E "^\[  $1  \] [0-9]+ test" "$2" | head -1 | awk '{print $4}'; }
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] && [ -f "$t" ] || continue
+  name=$(basename "$t")
+  "$t" --gtest_brief=1 >"$OUT/$name.log" 2>&1
+  rc=$?
+  summary+=("$(printf '%-24s passed %4s  failed %3s  skipped %3s  rc %d' "$name" "$(count PASSED "$OUT/$name.log")" \
+    "$(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/$name.log")" "$(count SKIPPED "$OUT/$name.log")" $rc)")
+  [ $rc -eq 0 ] || tail -30 "$OUT/$name.log"
+done
+
+if [ "${SANITIZE:-0}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    for t in test_gpu_decode test_gpu_cache_write; do
+      METRALE_GPU_TEST_ITERS=8 compute-sanitizer --tool $tool --error-exitcode 99 "$BUILD/tests/$t" \
+        --gtest_brief=1 --gtest_filter='-*TensOfThousands*:*PlannerRuns*:*Large*:*ManyTokens*' >"$OUT/$t.$tool.log" 2>&1
+      summary+=("$(printf '%-24s %-9s rc %d  %s' "$t" "$tool" $? "$(grep -E 'ERROR SUMMARY' "$OUT/$t.$tool.log" | tail -1)")")
+    done
+  done
+fi
+
+if [ "${BENCH:-1}" = 1 ]; then
+  "$BUILD/bench/metrale_bench" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+fi
+echo
+echo "== summary"
+printf '%s\n' "${summary[@]}"
