@@ -60,8 +60,17 @@ struct DecodeConfig {
   static constexpr int kVWords = kRowBytes / 32;
   static constexpr int kKSteps = D / 16;
   static constexpr int kNTiles = D / 8;
-  // 8-token steps loaded together: more bytes in flight where registers allow.
-  static constexpr int kUnroll = D <= 128 ? 2 : 1;
+  // 8-token steps loaded together. HBM latency is hidden only by bytes in
+  // flight, so narrower formats load more steps at once: about the same
+  // bytes per thread for every format, bounded by registers (D = 256 keeps a
+  // 128-register accumulator).
+  static constexpr int kStepBytesPerThread = kRowBytes / 2;  // K quarter row + two V eighth rows
+  // Budgets chosen so that no instantiation spills (ptxas -v): dequantizing
+  // formats need temporaries per step, and D = 256 a 128-register accumulator.
+  static constexpr int kInFlightBytes =
+      D <= 128 ? (Fmt::kBits == 16 ? 512 : Fmt::kBits == 8 ? 384 : 256) : (Fmt::kBits == 16 ? 256 : Fmt::kBits == 8 ? 128 : 64);
+  static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
+  static constexpr int kUnroll = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
   // NVFP4 group scales per thread and token (one per 16 elements).
   static constexpr int kKScaleBytes = Fmt::kScaled ? kKVecs * kKElemsPerVec / 16 : 1;
   static constexpr int kVScalesPerVec = kVElemsPerVec >= 16 ? kVElemsPerVec / 16 : 1;
@@ -166,23 +175,33 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
   const int64_t row_stride = int64_t(p.num_kv_heads) * Cfg::kRowBytes;  // bytes between tokens of a page
 
   for (int st0 = warp * U; st0 < total_steps; st0 += Cfg::kWarps * U) {
-    const int page_idx = pages.first + st0 / steps_per_page;
-    const int32_t page = table[page_idx];
-    if (page < 0 || page >= p.num_blocks) {  // corrupt table: never dereference, poison the output
-      bad_page = true;
-      continue;
-    }
-    const int tok0 = (st0 % steps_per_page) * 8;  // first token of the step within its page
-    const int32_t pos0 = page_idx * p.block_size + tok0;
-    const int64_t page_off = int64_t(page) * p.page_stride;
-    const uint8_t* k_page = p.k_cache + page_off + int64_t(kv_head) * Cfg::kRowBytes;
-    const uint8_t* v_page = p.v_cache + page_off + int64_t(kv_head) * Cfg::kRowBytes;
-
     uint32_t kw[U][Cfg::kKWords], va[U][Cfg::kVWords], vb[U][Cfg::kVWords];
     uint8_t ks[U][Cfg::kKScaleBytes], vsa[U][Cfg::kVScaleBytes], vsb[U][Cfg::kVScaleBytes];
+    int32_t pos0[U];  // sequence position of each step's first token
+    bool live[U];     // step inside this split and on a valid page
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int tk = tok0 + u * 8 + g, ta = tok0 + u * 8 + 2 * c, tb = ta + 1;
+      const int st = st0 + u;
+      const int page_idx = pages.first + st / steps_per_page;
+      const int32_t page = st < total_steps ? table[page_idx] : 0;
+      const bool page_ok = page >= 0 && page < p.num_blocks;
+      bad_page |= !page_ok;  // corrupt table: never dereference, poison the output
+      live[u] = st < total_steps && page_ok;
+      const int tok0 = (st % steps_per_page) * 8;
+      pos0[u] = page_idx * p.block_size + tok0;
+      const int64_t page_off = int64_t(live[u] ? page : 0) * p.page_stride;
+      const uint8_t* k_page = p.k_cache + page_off + int64_t(kv_head) * Cfg::kRowBytes;
+      const uint8_t* v_page = p.v_cache + page_off + int64_t(kv_head) * Cfg::kRowBytes;
+      const int tk = tok0 + g, ta = tok0 + 2 * c, tb = ta + 1;
+#pragma unroll
+      for (int w = 0; w < Cfg::kKWords; ++w) kw[u][w] = 0;
+#pragma unroll
+      for (int w = 0; w < Cfg::kVWords; ++w) va[u][w] = vb[u][w] = 0;
+#pragma unroll
+      for (int b = 0; b < Cfg::kKScaleBytes; ++b) ks[u][b] = 0;
+#pragma unroll
+      for (int b = 0; b < Cfg::kVScaleBytes; ++b) vsa[u][b] = vsb[u][b] = 0;
+      if (!live[u]) continue;
 #pragma unroll
       for (int i = 0; i < Cfg::kKVecs; ++i)
         load_vec<Cfg::kKVecBytes>(k_page + tk * row_stride + (i * 4 + c) * Cfg::kKVecBytes,
@@ -232,8 +251,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
         mma_16816<Op>(s, a, b0, b1);
       }
       // Logits in log2 units; positions outside [first_pos, seq_len) are masked.
-      const int32_t pa = pos0 + u * 8 + 2 * c;
-      const bool ok0 = pa >= first_pos && pa < seq_len, ok1 = pa + 1 >= first_pos && pa + 1 < seq_len;
+      const int32_t pa = pos0[u] + 2 * c;
+      const bool ok0 = live[u] && pa >= first_pos && pa < seq_len;
+      const bool ok1 = live[u] && pa + 1 >= first_pos && pa + 1 < seq_len;
       float x[4];
       x[0] = ok0 ? s[0] * p.qk_log2_scale : kNegInf;
       x[1] = ok1 ? s[1] * p.qk_log2_scale : kNegInf;
@@ -298,6 +318,10 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
       }
     }
   }
+
+  // Let a programmatically dependent reduce start its launch while this
+  // grid finishes; it still waits for our writes (griddepcontrol.wait).
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // ---- merge the warps' states ----
 #pragma unroll

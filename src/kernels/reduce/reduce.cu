@@ -21,6 +21,9 @@ struct ReduceParams {
 };
 
 __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
+  // Launched as a programmatic dependent of the split pass: wait until its
+  // records are complete and visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int64_t row = blockIdx.x;  // seq * num_q_heads + head
   const int D = p.head_dim;
   const float* rec0 = p.workspace + row * p.num_splits * (D + 2);
@@ -64,8 +67,16 @@ void paged_decode_attn_reduce(const ReduceArgs& args, Stream stream) {
   const int64_t rows = int64_t(args.num_seqs) * args.num_q_heads;
   METRALE_CHECK_ARG(rows <= detail::kMaxGridX, "num_seqs", args.num_seqs, "num_seqs * num_q_heads <= 2^31-1");
   kernels::ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out};
-  kernels::splitk_reduce_kernel<<<unsigned(rows), unsigned(args.head_dim / 2), 0, stream>>>(p);
-  detail::check_launch("splitk_reduce_kernel");
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(rows));
+  cfg.blockDim = dim3(unsigned(args.head_dim / 2));
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  detail::cuda_check(cudaLaunchKernelEx(&cfg, kernels::splitk_reduce_kernel, p), "splitk_reduce_kernel");
 }
 
 }  // namespace metrale::cuda

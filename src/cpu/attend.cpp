@@ -1,0 +1,149 @@
+// The CPU decode core (see attend.hpp).
+#include "cpu/attend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cpu/kv_rows.hpp"
+
+namespace metrale::cpu::detail {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Dot product with 8 independent lanes (vectorizes without -ffast-math).
+inline float dot(const float* __restrict a, const float* __restrict b, int32_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int32_t d = 0; d < n; d += 8)
+    for (int j = 0; j < 8; ++j) s[j] += a[d + j] * b[d + j];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+inline void axpy(float p, const float* __restrict x, float* __restrict y, int32_t n) {
+  for (int32_t d = 0; d < n; ++d) y[d] += p * x[d];
+}
+
+float per_tensor_k_scale(const DecodeArgs& a) {
+  switch (a.cache.layout.format) {
+    case KvFormat::fp8_e4m3: return a.cache.scales.k_scale;
+    case KvFormat::nvfp4: return a.cache.scales.k_global_scale;
+    default: return 1.0f;
+  }
+}
+float per_tensor_v_scale(const DecodeArgs& a) {
+  switch (a.cache.layout.format) {
+    case KvFormat::fp8_e4m3: return a.cache.scales.v_scale;
+    case KvFormat::nvfp4: return a.cache.scales.v_global_scale;
+    default: return 1.0f;
+  }
+}
+
+}  // namespace
+
+DecodeContext::DecodeContext(const DecodeArgs& args)
+    : a(args),
+      num_kv_heads(args.cache.layout.num_kv_heads),
+      head_dim(args.cache.layout.head_dim),
+      block_size(args.cache.layout.block_size),
+      group(args.num_q_heads / args.cache.layout.num_kv_heads),
+      k_logit_scale(args.sm_scale * per_tensor_k_scale(args)),
+      v_out_scale(per_tensor_v_scale(args)) {}
+
+DecodeContext::SeqRange DecodeContext::seq_range(int32_t seq) const {
+  const int32_t len = std::max(a.seq_lens[seq], 0);
+  PageRange pages = attended_pages(len, a.sliding_window, block_size);
+  pages.end = std::min(pages.end, a.max_blocks_per_seq);
+  pages.first = std::min(pages.first, pages.end);
+  const int32_t pos_end = int32_t(std::min<int64_t>(len, int64_t(pages.end) * block_size));
+  const int32_t pos_begin = std::min(window_start(len, a.sliding_window), pos_end);
+  return SeqRange{pages, pos_begin, pos_end};
+}
+
+void GroupState::reset(int32_t group, int32_t head_dim, int32_t block_size) {
+  q.assign(size_t(group) * head_dim, 0.0f);
+  acc.assign(size_t(group) * head_dim, 0.0f);
+  m.assign(group, kNegInf);
+  l.assign(group, 0.0f);
+  nan.assign(group, 0);
+  k.resize(head_dim);
+  v.resize(head_dim);
+  p.resize(size_t(group) * block_size);
+}
+
+void load_group(const DecodeContext& c, int32_t seq, int32_t kv_head, GroupState& st) {
+  st.reset(c.group, c.head_dim, c.block_size);
+  const bf16* q = c.a.q + int64_t(seq) * c.a.q_stride + int64_t(kv_head) * c.group * c.head_dim;
+  for (int64_t i = 0; i < int64_t(c.group) * c.head_dim; ++i) st.q[i] = codec::bf16_to_float(q[i]) * c.k_logit_scale;
+}
+
+bool pages_valid(const DecodeContext& c, int32_t seq, PageRange pages) {
+  const int32_t* row = c.a.block_tables + int64_t(seq) * c.a.max_blocks_per_seq;
+  for (int32_t pg = pages.first; pg < pages.end; ++pg)
+    if (row[pg] < 0 || row[pg] >= c.a.cache.layout.num_blocks) return false;
+  return true;
+}
+
+void attend_pages(const DecodeContext& c, int32_t seq, int32_t kv_head, PageRange pages, int32_t pos_begin,
+                  int32_t pos_end, GroupState& st) {
+  const KvCacheLayout& layout = c.a.cache.layout;
+  const CodecTables& tab = CodecTables::get();
+  const int32_t* row = c.a.block_tables + int64_t(seq) * c.a.max_blocks_per_seq;
+  const int32_t G = c.group, D = c.head_dim, B = c.block_size, H = c.num_kv_heads;
+
+  for (int32_t pg = pages.first; pg < pages.end; ++pg) {
+    const int32_t t0 = std::max(pg * B, pos_begin) - pg * B;  // masked: before the window
+    const int32_t t1 = std::min((pg + 1) * B, pos_end) - pg * B;  // masked: past the length
+    if (t1 <= t0) continue;
+    const int32_t nt = t1 - t0;
+    const uint8_t* kpage = page_ptr(c.a.cache.k, layout, row[pg]);
+    const uint8_t* vpage = page_ptr(c.a.cache.v, layout, row[pg]);
+    if (pg + 1 < pages.end) {  // fetch the next page's rows of this head while this one computes
+      const int32_t n1 = std::min((pg + 2) * B, pos_end) - (pg + 1) * B;
+      prefetch_rows(page_ptr(c.a.cache.k, layout, row[pg + 1]), layout, 0, n1, kv_head);
+      prefetch_rows(page_ptr(c.a.cache.v, layout, row[pg + 1]), layout, 0, n1, kv_head);
+    }
+
+    // Logits of the page: one dequantized K row serves every q head of the group.
+    for (int32_t t = t0; t < t1; ++t) {
+      dequant_row(kpage, layout, int64_t(t) * H + kv_head, tab, st.k.data());
+      for (int32_t g = 0; g < G; ++g) st.p[size_t(g) * B + (t - t0)] = dot(&st.q[size_t(g) * D], st.k.data(), D);
+    }
+    // Online softmax, rescaling once per page. max() would drop a NaN logit,
+    // so NaN is tracked explicitly and poisons the head's result.
+    for (int32_t g = 0; g < G; ++g) {
+      float* p = &st.p[size_t(g) * B];
+      float page_max = kNegInf;
+      bool nan = false;
+      for (int32_t i = 0; i < nt; ++i) {
+        nan |= std::isnan(p[i]);
+        page_max = p[i] > page_max ? p[i] : page_max;
+      }
+      st.nan[g] |= uint8_t(nan);
+      const float m_new = std::max(st.m[g], page_max);
+      if (m_new == kNegInf) {  // every logit so far is -inf (or NaN): nothing to add
+        for (int32_t i = 0; i < nt; ++i) p[i] = 0.0f;
+        continue;
+      }
+      if (m_new != st.m[g]) {
+        const float alpha = std::exp(st.m[g] - m_new);  // exp(-inf) = 0 on the first page
+        st.l[g] *= alpha;
+        for (int32_t d = 0; d < D; ++d) st.acc[size_t(g) * D + d] *= alpha;
+        st.m[g] = m_new;
+      }
+      float sum = 0.0f;
+      for (int32_t i = 0; i < nt; ++i) {
+        p[i] = std::exp(p[i] - m_new);
+        sum += p[i];
+      }
+      st.l[g] += sum;
+    }
+    // p * V: a NaN in V reaches the output through the multiply (0 * NaN = NaN).
+    for (int32_t t = t0; t < t1; ++t) {
+      dequant_row(vpage, layout, int64_t(t) * H + kv_head, tab, st.v.data());
+      for (int32_t g = 0; g < G; ++g) axpy(st.p[size_t(g) * B + (t - t0)], st.v.data(), &st.acc[size_t(g) * D], D);
+    }
+  }
+}
+
+}  // namespace metrale::cpu::detail

@@ -1,0 +1,58 @@
+// The CPU decode core shared by the single pass and split-K: online softmax
+// of the q heads of one GQA group (one sequence, one kv head) over a range of
+// that sequence's pages, in f32 over the dequantized cache.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "metrale/ops.hpp"
+
+namespace metrale::cpu::detail {
+
+// Per-call constants of a decode launch (after validation).
+struct DecodeContext {
+  explicit DecodeContext(const DecodeArgs& args);
+
+  const DecodeArgs& a;
+  int32_t num_kv_heads, head_dim, block_size, group;
+  float k_logit_scale;  // sm_scale * per-tensor K scale (fp8 k_scale, nvfp4 k_global_scale)
+  float v_out_scale;    // per-tensor V scale, applied to the normalised output
+
+  // The pages of sequence `seq`'s block-table row that it attends to, and the
+  // attended positions [pos_begin, pos_end). The range is clamped to the row
+  // (max_blocks_per_seq pages): a length past the row's capacity attends only
+  // to the positions the row holds, and a negative length counts as 0.
+  struct SeqRange {
+    PageRange pages;
+    int32_t pos_begin, pos_end;
+  };
+  SeqRange seq_range(int32_t seq) const;
+};
+
+// Online-softmax state of one group: G = group q heads.
+struct GroupState {
+  void reset(int32_t group, int32_t head_dim, int32_t block_size);
+
+  std::vector<float> q;       // [G][D] f32 query rows, pre-multiplied by k_logit_scale
+  std::vector<float> acc;     // [G][D] sum of p * v (unnormalised, without v_out_scale)
+  std::vector<float> m;       // [G] running max of the non-NaN logits (-inf: none yet)
+  std::vector<float> l;       // [G] sum of exp(logit - m)
+  std::vector<uint8_t> nan;   // [G] a NaN logit was seen: the head's result is NaN
+  std::vector<float> k, v;    // [D] the dequantized row being served
+  std::vector<float> p;       // [G][block_size] logits, then probabilities, of one page
+};
+
+// Loads the group's q rows of `seq` into st.q and clears the state.
+void load_group(const DecodeContext& c, int32_t seq, int32_t kv_head, GroupState& st);
+
+// Checks every page id of `pages` in sequence `seq`'s row: false if one is
+// outside [0, num_blocks). Such a page is never dereferenced.
+bool pages_valid(const DecodeContext& c, int32_t seq, PageRange pages);
+
+// Accumulates positions [pos_begin, pos_end) of `pages` into the state.
+// The page ids must have passed pages_valid.
+void attend_pages(const DecodeContext& c, int32_t seq, int32_t kv_head, PageRange pages, int32_t pos_begin,
+                  int32_t pos_end, GroupState& st);
+
+}  // namespace metrale::cpu::detail

@@ -1,0 +1,230 @@
+// reshape_and_cache on the GPU (SYSTEM.md 1-3): writes each new token's K and
+// V rows (bf16, strided) into its slot of the paged K and V caches, as BF16,
+// FP8 E4M3 or NVFP4.
+//
+// Design (one kernel template over the format policy, three instantiations):
+//  * Work unit = one "chunk": kElems consecutive head_dim elements of one
+//    (token, K|V, kv head) row. bf16: 8 elements (16-byte load, 16-byte store);
+//    fp8: 16 elements (two 16-byte loads, one 16-byte store); nvfp4: 16
+//    elements = one scale group (two 16-byte loads, one 8-byte store of packed
+//    codes, one 1-byte store of the E4M3 scale). A row of head_dim D is
+//    D/kElems chunks (4..32 threads); consecutive threads take consecutive
+//    chunks of a token's K heads, then its V heads, so loads and stores of a
+//    warp are contiguous runs.
+//  * A 256-thread block handles a tile of `tokens_per_tile` tokens (chosen on
+//    the host so a tile is about one block's worth of chunks); tiles are
+//    visited with a grid-stride loop over a capped grid, so any num_tokens
+//    (< 2^31) launches within the grid limits. All address math is 64-bit.
+//  * Quantization is exactly the scalar codecs of metrale/codec.hpp (the same
+//    functions the CPU reference calls): fp8 code = e4m3_rne_satfinite(x *
+//    inv_scale) with inv_scale computed on the host; nvfp4 via
+//    nvfp4_quantize_group(values, global_scale, packed). No fast-math: the
+//    codecs contain no multiply-add pairs to contract, and nvcc's default f32
+//    division is IEEE round-to-nearest.
+//  * A slot < 0 is padding (skipped). A slot >= capacity is skipped and
+//    counted: the thread holding a token's first chunk counts it; counts are
+//    summed per warp and added with one atomicAdd per warp that saw any.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "host/validate.hpp"
+#include "kernels/common/cuda_check.hpp"
+#include "metrale/codec.hpp"
+#include "metrale/cuda.hpp"
+#include "metrale/error.hpp"
+
+namespace metrale::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 8192;  // grid cap; the tile loop covers the rest
+
+struct CacheWriteParams {
+  const bf16* key;
+  const bf16* value;
+  int64_t key_stride;    // elements
+  int64_t value_stride;  // elements
+  const int64_t* slot_mapping;
+  int64_t num_tokens;
+  int64_t capacity;  // num_blocks * block_size
+  uint8_t* k_cache;
+  uint8_t* v_cache;
+  int64_t page_stride_bytes;
+  int64_t data_section_bytes;
+  int32_t* skipped;  // may be null
+  float k_param;     // fp8: 1/k_scale; nvfp4: k_global_scale; bf16: unused
+  float v_param;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t log2_block_size;
+  int32_t log2_chunks_per_row;
+  int32_t chunks_per_token;  // 2 * H * D / kElems
+  int32_t tokens_per_tile;
+};
+
+__device__ __forceinline__ void load16(const bf16* p, float* out) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = codec::f32_from_bits(w[i] << 16);
+    out[2 * i + 1] = codec::f32_from_bits(w[i] & 0xffff0000u);
+  }
+}
+
+// ---- format policies: elements per chunk and how a chunk is stored ----
+struct Bf16Policy {
+  static constexpr int kElems = 8;
+  __device__ static void store(const bf16* src, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+                               int64_t /*data_section*/, float /*param*/) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));  // copied bit for bit
+    *reinterpret_cast<uint4*>(page + ((row * D) << 1) + chunk * 16) = v;
+  }
+};
+
+struct Fp8Policy {
+  static constexpr int kElems = 16;
+  __device__ static void store(const bf16* src, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+                               int64_t /*data_section*/, float inv_scale) {
+    float x[16];
+    load16(src, x);
+    load16(src + 8, x + 8);
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = uint32_t(codec::e4m3_rne_satfinite(x[4 * i] * inv_scale)) |
+             (uint32_t(codec::e4m3_rne_satfinite(x[4 * i + 1] * inv_scale)) << 8) |
+             (uint32_t(codec::e4m3_rne_satfinite(x[4 * i + 2] * inv_scale)) << 16) |
+             (uint32_t(codec::e4m3_rne_satfinite(x[4 * i + 3] * inv_scale)) << 24);
+    }
+    *reinterpret_cast<uint4*>(page + row * D + chunk * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+};
+
+struct Nvfp4Policy {
+  static constexpr int kElems = 16;  // one scale group
+  __device__ static void store(const bf16* src, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+                               int64_t data_section, float global_scale) {
+    float x[16];
+    load16(src, x);
+    load16(src + 8, x + 8);
+    uint8_t packed[8];
+    const uint8_t s = codec::nvfp4_quantize_group(x, global_scale, packed);
+    uint2 v;
+    v.x = uint32_t(packed[0]) | (uint32_t(packed[1]) << 8) | (uint32_t(packed[2]) << 16) |
+          (uint32_t(packed[3]) << 24);
+    v.y = uint32_t(packed[4]) | (uint32_t(packed[5]) << 8) | (uint32_t(packed[6]) << 16) |
+          (uint32_t(packed[7]) << 24);
+    *reinterpret_cast<uint2*>(page + ((row * D) >> 1) + chunk * 8) = v;
+    page[data_section + row * (D >> 4) + chunk] = s;
+  }
+};
+
+template <class P>
+__global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const __grid_constant__ CacheWriteParams p) {
+  const int32_t H = p.num_kv_heads;
+  const int32_t cpt = p.chunks_per_token;
+  const int32_t cpr_mask = (1 << p.log2_chunks_per_row) - 1;
+  const int64_t num_tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
+  int32_t skipped = 0;
+
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int64_t tok0 = tile * p.tokens_per_tile;
+    const int64_t left = p.num_tokens - tok0;
+    const int32_t ntok = left < p.tokens_per_tile ? int32_t(left) : p.tokens_per_tile;
+    const int32_t items = ntok * cpt;
+    for (int32_t it = threadIdx.x; it < items; it += kThreads) {
+      const int32_t lt = it / cpt;
+      const int32_t rem = it - lt * cpt;
+      const int64_t token = tok0 + lt;
+      const int64_t slot = __ldg(p.slot_mapping + token);
+      if (slot < 0) continue;  // padding token
+      if (slot >= p.capacity) {
+        skipped += (rem == 0);
+        continue;
+      }
+      const int32_t r = rem >> p.log2_chunks_per_row;  // 0..2H-1: K heads then V heads
+      const int32_t chunk = rem & cpr_mask;
+      const bool is_v = r >= H;
+      const int32_t h = is_v ? r - H : r;
+      const bf16* src = is_v ? p.value + token * p.value_stride : p.key + token * p.key_stride;
+      src += int64_t(h) * p.head_dim + int64_t(chunk) * P::kElems;
+      const int64_t block = slot >> p.log2_block_size;
+      const int64_t offset = slot & ((int64_t(1) << p.log2_block_size) - 1);
+      uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
+      const int64_t row = offset * H + h;  // (t*H + h) within the page
+      P::store(src, page, row, chunk, p.head_dim, p.data_section_bytes, is_v ? p.v_param : p.k_param);
+    }
+  }
+
+  if (p.skipped != nullptr) {
+    const int32_t warp_total = __reduce_add_sync(0xffffffffu, skipped);
+    if (warp_total != 0 && (threadIdx.x & 31) == 0) atomicAdd(p.skipped, warp_total);
+  }
+}
+
+int log2_exact(int64_t v) {
+  int l = 0;
+  while ((int64_t(1) << l) < v) ++l;
+  return l;
+}
+
+template <class P>
+void launch(CacheWriteParams p, cudaStream_t stream, const char* name) {
+  const int32_t cpr = p.head_dim / P::kElems;
+  p.log2_chunks_per_row = log2_exact(cpr);
+  p.chunks_per_token = 2 * p.num_kv_heads * cpr;  // <= 2 * 1024 * 32
+  p.tokens_per_tile = p.chunks_per_token >= kThreads ? 1 : kThreads / p.chunks_per_token;
+  const int64_t tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
+  const int64_t grid = tiles < kMaxBlocks ? tiles : kMaxBlocks;
+  reshape_and_cache_kernel<P><<<dim3(uint32_t(grid)), dim3(kThreads), 0, stream>>>(p);
+  detail::check_launch(name);
+}
+
+}  // namespace
+
+void reshape_and_cache(const CacheWriteArgs& args, Stream stream) {
+  // Validation is pure host code and precedes any CUDA runtime call.
+  detail::validate_cache_write(args);
+  if (args.num_tokens == 0) return;
+
+  const KvCacheLayout& l = args.cache.layout;
+  CacheWriteParams p{};
+  p.key = args.key;
+  p.value = args.value;
+  p.key_stride = args.key_stride;
+  p.value_stride = args.value_stride;
+  p.slot_mapping = args.slot_mapping;
+  p.num_tokens = args.num_tokens;
+  p.capacity = l.capacity_slots();
+  p.k_cache = static_cast<uint8_t*>(args.cache.k);
+  p.v_cache = static_cast<uint8_t*>(args.cache.v);
+  p.page_stride_bytes = l.page_stride_bytes;
+  p.data_section_bytes = l.data_section_bytes;
+  p.skipped = args.skipped;
+  p.num_kv_heads = l.num_kv_heads;
+  p.head_dim = l.head_dim;
+  p.log2_block_size = log2_exact(l.block_size);  // block sizes are powers of two (validated)
+
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  switch (l.format) {
+    case KvFormat::bf16:
+      p.k_param = p.v_param = 0.0f;
+      launch<Bf16Policy>(p, s, "reshape_and_cache<bf16>");
+      break;
+    case KvFormat::fp8_e4m3:
+      // inv_scale = 1.0f / scale, once, in f32 (SYSTEM.md 2).
+      p.k_param = 1.0f / args.cache.scales.k_scale;
+      p.v_param = 1.0f / args.cache.scales.v_scale;
+      launch<Fp8Policy>(p, s, "reshape_and_cache<fp8>");
+      break;
+    case KvFormat::nvfp4:
+      p.k_param = args.cache.scales.k_global_scale;
+      p.v_param = args.cache.scales.v_global_scale;
+      launch<Nvfp4Policy>(p, s, "reshape_and_cache<nvfp4>");
+      break;
+  }
+}
+
+}  // namespace metrale::cuda
