@@ -92,14 +92,15 @@ void attend_pages(const DecodeContext& c, int32_t seq, int32_t kv_head, PageRang
   const int32_t G = c.group, D = c.head_dim, B = c.block_size, H = c.num_kv_heads;
 
   for (int32_t pg = pages.first; pg < pages.end; ++pg) {
-    const int32_t t0 = std::max(pg * B, pos_begin) - pg * B;  // masked: before the window
-    const int32_t t1 = std::min((pg + 1) * B, pos_end) - pg * B;  // masked: past the length
+    const int64_t base = int64_t(pg) * B;  // int64: (pg + 2) * B may pass INT32_MAX
+    const int32_t t0 = int32_t(std::max<int64_t>(base, pos_begin) - base);      // masked: before the window
+    const int32_t t1 = int32_t(std::min<int64_t>(base + B, pos_end) - base);    // masked: past the length
     if (t1 <= t0) continue;
     const int32_t nt = t1 - t0;
     const uint8_t* kpage = page_ptr(c.a.cache.k, layout, row[pg]);
     const uint8_t* vpage = page_ptr(c.a.cache.v, layout, row[pg]);
     if (pg + 1 < pages.end) {  // fetch the next page's rows of this head while this one computes
-      const int32_t n1 = std::min((pg + 2) * B, pos_end) - (pg + 1) * B;
+      const int32_t n1 = int32_t(std::min<int64_t>(base + 2 * B, pos_end) - (base + B));
       prefetch_rows(page_ptr(c.a.cache.k, layout, row[pg + 1]), layout, 0, n1, kv_head);
       prefetch_rows(page_ptr(c.a.cache.v, layout, row[pg + 1]), layout, 0, n1, kv_head);
     }

@@ -3,9 +3,8 @@
 // Decision rule (one function; both backends and the benchmark's oracle mode
 // call it): a decode launch has one CTA per (sequence, kv head, 16-q-head
 // tile, split). Single pass when the batch alone gives every SM enough CTAs;
-// otherwise cut each sequence into as many splits as fill the machine, but
-// never splits shorter than kMinTokensPerSplit, where the partial-state
-// write and the reduce would cost more than the parallelism gains.
+// otherwise cut each sequence into as many splits as fill one resident wave,
+// but never splits shorter than kMinTokensPerSplit.
 #include <algorithm>
 #include <string>
 
@@ -14,8 +13,13 @@
 
 namespace metrale {
 namespace {
-constexpr int32_t kCtasPerSmTarget = 4;      // resident decode CTAs per SM that hide HBM latency
-constexpr int32_t kMinTokensPerSplit = 256;  // below this a split's fixed costs dominate
+// The decode kernel uses ~255 registers x 128 threads: 2 CTAs fit an SM.
+// Splitting past one resident wave only adds tails and reduce work
+// (measured with `metrale_bench --mode oracle`, bench/RESULTS.md).
+constexpr int32_t kCtasPerSmTarget = 2;
+// One 8-token step per warp of a 4-warp CTA, 4 times over: below this a
+// split's prologue, epilogue and record cost more than its parallelism gains.
+constexpr int32_t kMinTokensPerSplit = 128;
 constexpr int32_t kQHeadsPerCta = 16;        // q heads one CTA serves (the MMA's M)
 }  // namespace
 
@@ -41,7 +45,7 @@ DecodePlan plan_decode(const DecodeProblem& p, int32_t num_sms) {
   DecodePlan plan;
   const int64_t target = int64_t(num_sms) * kCtasPerSmTarget;
   if (base_ctas > 0 && base_ctas < target) {
-    const int64_t by_fill = (target + base_ctas - 1) / base_ctas;
+    const int64_t by_fill = target / base_ctas;  // stay within one resident wave
     const int64_t by_length = std::max<int64_t>(1, attended / kMinTokensPerSplit);
     plan.num_splits = int32_t(std::clamp<int64_t>(std::min(by_fill, by_length), 1, kMaxSplits));
   }

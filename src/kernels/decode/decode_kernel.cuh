@@ -70,7 +70,10 @@ struct DecodeConfig {
   static constexpr int kInFlightBytes =
       D <= 128 ? (Fmt::kBits == 16 ? 512 : Fmt::kBits == 8 ? 384 : 256) : (Fmt::kBits == 16 ? 256 : Fmt::kBits == 8 ? 128 : 64);
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
-  static constexpr int kUnroll = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
+  static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
+  // Split into two register stages (software pipeline) when possible.
+  static constexpr int kStages = kInFlightSteps >= 2 ? 2 : 1;
+  static constexpr int kUnroll = kInFlightSteps / kStages;
   // NVFP4 group scales per thread and token (one per 16 elements).
   static constexpr int kKScaleBytes = Fmt::kScaled ? kKVecs * kKElemsPerVec / 16 : 1;
   static constexpr int kVScalesPerVec = kVElemsPerVec >= 16 ? kVElemsPerVec / 16 : 1;
@@ -87,6 +90,17 @@ struct DecodeConfig {
   static_assert(kKElemsPerVec % 4 == 0, "a k-step takes 4 elements per thread");
   static_assert(!Fmt::kScaled || kKElemsPerVec % 16 == 0, "K vectors must hold whole NVFP4 groups");
   static_assert(kNTiles % 2 == 0, "v_pair produces two n-tiles");
+};
+
+// Raw cache bytes of kUnroll 8-token steps, as one thread loaded them.
+template <class Cfg>
+struct StepBuffers {
+  uint32_t kw[Cfg::kUnroll][Cfg::kKWords];
+  uint32_t va[Cfg::kUnroll][Cfg::kVWords], vb[Cfg::kUnroll][Cfg::kVWords];
+  uint8_t ks[Cfg::kUnroll][Cfg::kKScaleBytes];
+  uint8_t vsa[Cfg::kUnroll][Cfg::kVScaleBytes], vsb[Cfg::kUnroll][Cfg::kVScaleBytes];
+  int32_t pos0[Cfg::kUnroll];  // sequence position of each step's first token
+  bool live[Cfg::kUnroll];     // step inside the split and on a valid page
 };
 
 // Loads `Bytes` (4, 8 or 16) read-only bytes into consecutive words.
@@ -172,13 +186,20 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
   const int steps_per_page = p.block_size / 8;
   const int total_steps = (pages.end - pages.first) * steps_per_page;
   const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
-  const int64_t row_stride = int64_t(p.num_kv_heads) * Cfg::kRowBytes;  // bytes between tokens of a page
 
-  for (int st0 = warp * U; st0 < total_steps; st0 += Cfg::kWarps * U) {
-    uint32_t kw[U][Cfg::kKWords], va[U][Cfg::kVWords], vb[U][Cfg::kVWords];
-    uint8_t ks[U][Cfg::kKScaleBytes], vsa[U][Cfg::kVScaleBytes], vsb[U][Cfg::kVScaleBytes];
-    int32_t pos0[U];  // sequence position of each step's first token
-    bool live[U];     // step inside this split and on a valid page
+  // Per-thread byte offsets inside a page (see the header for the patterns).
+  const int32_t row_stride = p.num_kv_heads * Cfg::kRowBytes;  // bytes between tokens of a page
+  const int32_t k_thread = g * row_stride + c * Cfg::kKVecBytes;
+  const int32_t va_thread = 2 * c * row_stride + g * Cfg::kVVecBytes;
+  const int64_t head_off = int64_t(kv_head) * Cfg::kRowBytes;
+  // NVFP4 scale section: (t*H + h)*D/16 bytes in.
+  const int32_t srow = p.num_kv_heads * (D / 16);
+  const int64_t scale_base = p.scale_offset + int64_t(kv_head) * (D / 16);
+  constexpr int kKScalesPerVec = Cfg::kKElemsPerVec / 16;
+
+  // Issues the loads of steps st0 .. st0+U-1 of this warp into `b` (steps
+  // past the split or on a corrupt page load nothing and stay zero).
+  auto load = [&](StepBuffers<Cfg>& b, int st0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int st = st0 + u;
@@ -186,54 +207,51 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
       const int32_t page = st < total_steps ? table[page_idx] : 0;
       const bool page_ok = page >= 0 && page < p.num_blocks;
       bad_page |= !page_ok;  // corrupt table: never dereference, poison the output
-      live[u] = st < total_steps && page_ok;
+      b.live[u] = st < total_steps && page_ok;
       const int tok0 = (st % steps_per_page) * 8;
-      pos0[u] = page_idx * p.block_size + tok0;
-      const int64_t page_off = int64_t(live[u] ? page : 0) * p.page_stride;
-      const uint8_t* k_page = p.k_cache + page_off + int64_t(kv_head) * Cfg::kRowBytes;
-      const uint8_t* v_page = p.v_cache + page_off + int64_t(kv_head) * Cfg::kRowBytes;
-      const int tk = tok0 + g, ta = tok0 + 2 * c, tb = ta + 1;
+      b.pos0[u] = page_idx * p.block_size + tok0;
+      const int64_t page_off = int64_t(b.live[u] ? page : 0) * p.page_stride + tok0 * row_stride;
+      const uint8_t* kp = p.k_cache + page_off + head_off + k_thread;
+      const uint8_t* vp = p.v_cache + page_off + head_off + va_thread;
 #pragma unroll
-      for (int w = 0; w < Cfg::kKWords; ++w) kw[u][w] = 0;
+      for (int w = 0; w < Cfg::kKWords; ++w) b.kw[u][w] = 0;
 #pragma unroll
-      for (int w = 0; w < Cfg::kVWords; ++w) va[u][w] = vb[u][w] = 0;
+      for (int w = 0; w < Cfg::kVWords; ++w) b.va[u][w] = b.vb[u][w] = 0;
 #pragma unroll
-      for (int b = 0; b < Cfg::kKScaleBytes; ++b) ks[u][b] = 0;
+      for (int i = 0; i < Cfg::kKScaleBytes; ++i) b.ks[u][i] = 0;
 #pragma unroll
-      for (int b = 0; b < Cfg::kVScaleBytes; ++b) vsa[u][b] = vsb[u][b] = 0;
-      if (!live[u]) continue;
+      for (int i = 0; i < Cfg::kVScaleBytes; ++i) b.vsa[u][i] = b.vsb[u][i] = 0;
+      if (!b.live[u]) continue;
 #pragma unroll
       for (int i = 0; i < Cfg::kKVecs; ++i)
-        load_vec<Cfg::kKVecBytes>(k_page + tk * row_stride + (i * 4 + c) * Cfg::kKVecBytes,
-                                  &kw[u][i * Cfg::kKVecBytes / 4]);
+        load_vec<Cfg::kKVecBytes>(kp + i * 4 * Cfg::kKVecBytes, &b.kw[u][i * Cfg::kKVecBytes / 4]);
 #pragma unroll
       for (int i = 0; i < Cfg::kVVecs; ++i) {
-        load_vec<Cfg::kVVecBytes>(v_page + ta * row_stride + (i * 8 + g) * Cfg::kVVecBytes,
-                                  &va[u][i * Cfg::kVVecBytes / 4]);
-        load_vec<Cfg::kVVecBytes>(v_page + tb * row_stride + (i * 8 + g) * Cfg::kVVecBytes,
-                                  &vb[u][i * Cfg::kVVecBytes / 4]);
+        load_vec<Cfg::kVVecBytes>(vp + i * 8 * Cfg::kVVecBytes, &b.va[u][i * Cfg::kVVecBytes / 4]);
+        load_vec<Cfg::kVVecBytes>(vp + row_stride + i * 8 * Cfg::kVVecBytes, &b.vb[u][i * Cfg::kVVecBytes / 4]);
       }
       if constexpr (Fmt::kScaled) {
-        // Scale section: (t*H + h)*D/16 bytes in; this thread's groups follow its vectors.
-        const int64_t sec = p.scale_offset - int64_t(kv_head) * Cfg::kRowBytes + int64_t(kv_head) * (D / 16);
-        const int64_t srow = int64_t(p.num_kv_heads) * (D / 16);
+        const int64_t spage = int64_t(page) * p.page_stride + scale_base + tok0 * srow;
+        const uint8_t* ksp = p.k_cache + spage + g * srow + c * kKScalesPerVec;
+        const uint8_t* vsp = p.v_cache + spage + 2 * c * srow;
 #pragma unroll
         for (int i = 0; i < Cfg::kKVecs; ++i)
 #pragma unroll
-          for (int b = 0; b < Cfg::kKElemsPerVec / 16; ++b)
-            ks[u][i * (Cfg::kKElemsPerVec / 16) + b] =
-                __ldg(k_page + sec + tk * srow + (i * 4 + c) * (Cfg::kKElemsPerVec / 16) + b);
+          for (int j = 0; j < kKScalesPerVec; ++j) b.ks[u][i * kKScalesPerVec + j] = __ldg(ksp + i * 4 * kKScalesPerVec + j);
 #pragma unroll
         for (int i = 0; i < Cfg::kVVecs; ++i)
 #pragma unroll
-          for (int b = 0; b < Cfg::kVScalesPerVec; ++b) {
-            const int grp = Cfg::kVElemsPerVec >= 16 ? (i * 8 + g) * Cfg::kVScalesPerVec + b : (i * 8 + g) / 2;
-            vsa[u][i * Cfg::kVScalesPerVec + b] = __ldg(v_page + sec + ta * srow + grp);
-            vsb[u][i * Cfg::kVScalesPerVec + b] = __ldg(v_page + sec + tb * srow + grp);
+          for (int j = 0; j < Cfg::kVScalesPerVec; ++j) {
+            const int grp = Cfg::kVElemsPerVec >= 16 ? (i * 8 + g) * Cfg::kVScalesPerVec + j : (i * 8 + g) / 2;
+            b.vsa[u][i * Cfg::kVScalesPerVec + j] = __ldg(vsp + grp);
+            b.vsb[u][i * Cfg::kVScalesPerVec + j] = __ldg(vsp + srow + grp);
           }
       }
     }
+  };
 
+  // Attention over the steps held in `b`: QK, online softmax, PV.
+  auto compute = [&](StepBuffers<Cfg>& b) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -243,17 +261,17 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
         const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
         uint32_t kscale = 0;
         if constexpr (Fmt::kScaled) {
-          const uint32_t sc = ks[u][kk / 4];
+          const uint32_t sc = b.ks[u][kk / 4];
           kscale = Nvfp4Format::scale_pair(sc | (sc << 8));
         }
         uint32_t b0, b1;
-        Fmt::k_pair(kw[u], kk, kscale, b0, b1);
+        Fmt::k_pair(b.kw[u], kk, kscale, b0, b1);
         mma_16816<Op>(s, a, b0, b1);
       }
       // Logits in log2 units; positions outside [first_pos, seq_len) are masked.
-      const int32_t pa = pos0[u] + 2 * c;
-      const bool ok0 = live[u] && pa >= first_pos && pa < seq_len;
-      const bool ok1 = live[u] && pa + 1 >= first_pos && pa + 1 < seq_len;
+      const int32_t pa = b.pos0[u] + 2 * c;
+      const bool ok0 = b.live[u] && pa >= first_pos && pa < seq_len;
+      const bool ok1 = b.live[u] && pa + 1 >= first_pos && pa + 1 < seq_len;
       float x[4];
       x[0] = ok0 ? s[0] * p.qk_log2_scale : kNegInf;
       x[1] = ok1 ? s[1] * p.qk_log2_scale : kNegInf;
@@ -293,14 +311,14 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
       // a zero weight times NaN is NaN, so their V operands are zeroed too.
 #pragma unroll
       for (int w = 0; w < Cfg::kVWords; ++w) {
-        va[u][w] = ok0 ? va[u][w] : 0u;
-        vb[u][w] = ok1 ? vb[u][w] : 0u;
+        b.va[u][w] = ok0 ? b.va[u][w] : 0u;
+        b.vb[u][w] = ok1 ? b.vb[u][w] : 0u;
       }
       if constexpr (Fmt::kScaled) {
 #pragma unroll
-        for (int b = 0; b < Cfg::kVScaleBytes; ++b) {
-          vsa[u][b] = ok0 ? vsa[u][b] : uint8_t(0);
-          vsb[u][b] = ok1 ? vsb[u][b] : uint8_t(0);
+        for (int i = 0; i < Cfg::kVScaleBytes; ++i) {
+          b.vsa[u][i] = ok0 ? b.vsa[u][i] : uint8_t(0);
+          b.vsb[u][i] = ok1 ? b.vsb[u][i] : uint8_t(0);
         }
       }
 #pragma unroll
@@ -308,14 +326,37 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
         uint32_t vscale = 0;
         if constexpr (Fmt::kScaled) {
           constexpr int kEV = Cfg::kVElemsPerVec;
-          const int b = (j / kEV) * Cfg::kVScalesPerVec + (kEV >= 16 ? (j % kEV) / 16 : 0);
-          vscale = Nvfp4Format::scale_pair(uint32_t(vsa[u][b]) | (uint32_t(vsb[u][b]) << 8));
+          const int i = (j / kEV) * Cfg::kVScalesPerVec + (kEV >= 16 ? (j % kEV) / 16 : 0);
+          vscale = Nvfp4Format::scale_pair(uint32_t(b.vsa[u][i]) | (uint32_t(b.vsb[u][i]) << 8));
         }
         uint32_t r0, r1;
-        Fmt::v_pair(va[u], vb[u], j, vscale, r0, r1);
+        Fmt::v_pair(b.va[u], b.vb[u], j, vscale, r0, r1);
         mma_1688<Op>(o[j], pa01, pa23, r0);
         mma_1688<Op>(o[j + 1], pa01, pa23, r1);
       }
+    }
+  };
+
+  // Two register stages where the budget allows: the loads of the next
+  // steps are in flight while the current ones are computed.
+  constexpr int kStride = Cfg::kWarps * U;
+  StepBuffers<Cfg> buf[Cfg::kStages];
+  int st0 = warp * U;
+  if constexpr (Cfg::kStages == 1) {
+    for (; st0 < total_steps; st0 += kStride) {
+      load(buf[0], st0);
+      compute(buf[0]);
+    }
+  } else {
+    load(buf[0], st0);
+    while (st0 < total_steps) {
+      load(buf[1], st0 + kStride);
+      compute(buf[0]);
+      st0 += kStride;
+      if (st0 >= total_steps) break;
+      load(buf[0], st0 + kStride);
+      compute(buf[1]);
+      st0 += kStride;
     }
   }
 
