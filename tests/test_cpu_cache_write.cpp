@@ -1,0 +1,353 @@
+// CPU reshape_and_cache (bf16 / fp8 / nvfp4), bf16_absmax and the FP8 /
+// NVFP4 calibration flow. Caches are compared byte for byte with an
+// independent per-element recomputation from the codecs, so written codes,
+// scales and every byte that must stay untouched (unwritten slots, page
+// padding, the nvfp4 data/scale gap) are checked at once.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "metrale/cpu.hpp"
+#include "metrale/error.hpp"
+#include "support/problem.hpp"
+
+namespace metrale::test {
+namespace {
+
+constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
+
+std::vector<uint8_t> garbage(size_t n, std::mt19937_64& rng) {
+  std::vector<uint8_t> g(n);
+  for (uint8_t& b : g) b = uint8_t(rng());
+  return g;
+}
+
+// The expected cache after writing `rows` (key or value) into `before`, one
+// element at a time straight from SYSTEM.md 2-3.
+std::vector<uint8_t> expected_cache(const HostProblem& p, const std::vector<bf16>& rows, bool is_k,
+                                    const std::vector<uint8_t>& before) {
+  std::vector<uint8_t> c = before;
+  const KvCacheLayout& l = p.layout;
+  const int64_t H = l.num_kv_heads, D = l.head_dim, B = l.block_size;
+  for (int64_t j = 0; j < p.num_tokens(); ++j) {
+    const int64_t slot = p.slot_mapping[j];
+    if (slot < 0 || slot >= l.capacity_slots()) continue;
+    uint8_t* page = c.data() + (slot / B) * l.page_stride_bytes;
+    const int64_t t = slot % B;
+    for (int64_t h = 0; h < H; ++h) {
+      const bf16* x = &rows[j * p.kv_row_stride + h * D];
+      const int64_t row = t * H + h;
+      if (l.format == KvFormat::bf16) {
+        for (int64_t d = 0; d < D; ++d) {
+          page[(row * D + d) * 2] = uint8_t(x[d].bits & 0xff);
+          page[(row * D + d) * 2 + 1] = uint8_t(x[d].bits >> 8);
+        }
+      } else if (l.format == KvFormat::fp8_e4m3) {
+        const float inv = 1.0f / (is_k ? p.scales.k_scale : p.scales.v_scale);
+        for (int64_t d = 0; d < D; ++d) page[row * D + d] = codec::e4m3_rne_satfinite(codec::bf16_to_float(x[d]) * inv);
+      } else {
+        const float g = is_k ? p.scales.k_global_scale : p.scales.v_global_scale;
+        for (int64_t grp = 0; grp < D / 16; ++grp) {
+          float f[16];
+          for (int i = 0; i < 16; ++i) f[i] = codec::bf16_to_float(x[grp * 16 + i]);
+          uint8_t packed[8];
+          page[l.data_section_bytes + row * (D / 16) + grp] = codec::nvfp4_quantize_group(f, g, packed);
+          for (int i = 0; i < 8; ++i) page[row * D / 2 + grp * 8 + i] = packed[i];
+        }
+      }
+    }
+  }
+  return c;
+}
+
+// Describes the first differing byte: page, offset in page and which section.
+std::string first_difference(const HostProblem& p, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) {
+      const int64_t off = int64_t(i) % p.layout.page_stride_bytes;
+      const char* where = off < p.layout.data_section_bytes ? "data" : "scales/padding";
+      return "byte " + std::to_string(i) + " (page " + std::to_string(int64_t(i) / p.layout.page_stride_bytes) +
+             ", offset " + std::to_string(off) + ", " + where + "): got " + std::to_string(got[i]) + ", want " +
+             std::to_string(want[i]);
+    }
+  return "identical";
+}
+
+// Rewrites the problem's caches with fresh garbage, runs the CPU write and
+// compares with the expected bytes.
+void check_write(HostProblem& p, std::mt19937_64& rng, int64_t expect_skipped = 0) {
+  p.k_cache = garbage(p.k_cache.size(), rng);
+  p.v_cache = garbage(p.v_cache.size(), rng);
+  const std::vector<uint8_t> want_k = expected_cache(p, p.key, true, p.k_cache);
+  const std::vector<uint8_t> want_v = expected_cache(p, p.value, false, p.v_cache);
+  CacheWriteArgs w = p.write_args();
+  int32_t skipped = 5;
+  w.skipped = &skipped;
+  EXPECT_EQ(cpu::reshape_and_cache(w), expect_skipped);
+  EXPECT_EQ(skipped, 5 + expect_skipped);
+  EXPECT_TRUE(p.k_cache == want_k) << "K cache: " << first_difference(p, p.k_cache, want_k);
+  EXPECT_TRUE(p.v_cache == want_v) << "V cache: " << first_difference(p, p.v_cache, want_v);
+}
+
+DecodeCase write_case(KvFormat f, std::mt19937_64& rng) {
+  DecodeCase c;
+  c.format = f;
+  c.head_dim = std::vector<int32_t>{64, 128, 256}[rng() % 3];
+  c.block_size = std::vector<int32_t>{16, 32}[rng() % 2];
+  c.num_kv_heads = 1 + int32_t(rng() % 3);
+  c.seq_lens = interesting_lengths(c.block_size, 150, 6, rng());
+  c.kv_row_pad = 8 * int64_t(rng() % 4);  // strided key/value rows (padding holds NaN)
+  c.page_pad_bytes = 16 * int64_t(rng() % 4);
+  c.extra_blocks = 4;                     // pages nobody writes: must stay garbage
+  if (f == KvFormat::nvfp4) {
+    c.k_global_scale = 0.0f;  // calibrated
+    c.v_global_scale = 0.73f;
+  }
+  return c;
+}
+
+TEST(CpuCacheWrite, EveryFormatMatchesCodecRecomputation) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : kFormats)
+    for (int rep = 0; rep < 3; ++rep) {
+      const DecodeCase c = write_case(f, rng);
+      SCOPED_TRACE(c.describe());
+      HostProblem p = make_problem(c, rng());
+      check_write(p, rng);
+    }
+}
+
+TEST(CpuCacheWrite, Bf16IsAnExactCopy) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  DecodeCase c = write_case(KvFormat::bf16, rng);
+  c.kv_row_pad = 24;
+  HostProblem p = make_problem(c, rng());
+  const KvCacheLayout& l = p.layout;
+  const int64_t HD = int64_t(l.num_kv_heads) * l.head_dim;
+  for (int64_t j = 0; j < p.num_tokens(); ++j) {
+    const int64_t slot = p.slot_mapping[j];
+    if (slot < 0) continue;
+    const uint8_t* page = p.k_cache.data() + (slot / l.block_size) * l.page_stride_bytes;
+    const uint8_t* vpage = p.v_cache.data() + (slot / l.block_size) * l.page_stride_bytes;
+    ASSERT_EQ(0, std::memcmp(page + (slot % l.block_size) * HD * 2, &p.key[j * p.kv_row_stride], HD * 2)) << j;
+    ASSERT_EQ(0, std::memcmp(vpage + (slot % l.block_size) * HD * 2, &p.value[j * p.kv_row_stride], HD * 2)) << j;
+  }
+}
+
+TEST(CpuCacheWrite, SpecialValues) {
+  // NaN -> E4M3 NaN code / NaN NVFP4 group scale; +-inf and huge values
+  // saturate; tiny negatives keep their sign.
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : {KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    DecodeCase c;
+    c.format = f;
+    c.head_dim = 64;
+    c.num_kv_heads = 1;
+    c.seq_lens = {16};
+    HostProblem p = make_problem(c, rng());
+    const bf16 specials[] = {bf16{0x7fc0}, bf16{0x7f80}, bf16{0xff80}, codec::float_to_bf16(1e30f),
+                             codec::float_to_bf16(-1e-30f)};
+    int64_t j0 = 0;
+    while (p.slot_mapping[j0] < 0) ++j0;
+    for (int i = 0; i < 5; ++i) p.key[j0 * p.kv_row_stride + 16 * (i % 4) + i] = specials[i];
+    check_write(p, rng);
+    const int64_t slot = p.slot_mapping[j0];
+    const uint8_t* page = p.k_cache.data() + (slot / 16) * p.layout.page_stride_bytes;
+    if (f == KvFormat::fp8_e4m3) {
+      const uint8_t* row = page + (slot % 16) * 64;
+      EXPECT_EQ(row[0], codec::kE4M3NaN);
+      EXPECT_EQ(row[16 + 1], 0x7e);  // +inf -> 448
+      EXPECT_EQ(row[32 + 2], 0xfe);  // -inf -> -448
+      EXPECT_EQ(row[48 + 3], 0x7e);  // 1e30 -> 448
+      EXPECT_EQ(row[0 + 4], 0x80);   // -1e-30 -> -0
+    } else {
+      const uint8_t* sc = page + p.layout.data_section_bytes + (slot % 16) * 4;
+      EXPECT_EQ(sc[0] & 0x7f, 0x7f) << "NaN group scale";
+      EXPECT_EQ(sc[1], 0x7e) << "inf saturates the group scale to 448";
+    }
+  }
+}
+
+TEST(CpuCacheWrite, OutOfCapacitySlotsAreSkippedAndCounted) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : kFormats) {
+    DecodeCase c = write_case(f, rng);
+    SCOPED_TRACE(c.describe());
+    HostProblem p = make_problem(c, rng());
+    const int64_t cap = p.layout.capacity_slots();
+    // Replace a few valid slots by out-of-capacity ones and add negative ones.
+    int64_t bad = 0;
+    for (int64_t j = 0; j < p.num_tokens(); j += 5)
+      if (p.slot_mapping[j] >= 0) {
+        p.slot_mapping[j] = (bad % 2 == 0) ? cap : cap + 1000 + bad;
+        ++bad;
+      }
+    for (int64_t j = 1; j < p.num_tokens(); j += 7)
+      if (p.slot_mapping[j] >= 0 && p.slot_mapping[j] < cap) p.slot_mapping[j] = -3 - j;
+    ASSERT_GT(bad, 0);
+    check_write(p, rng, bad);
+    // Without a counter the return value still reports them.
+    CacheWriteArgs w = p.write_args();
+    w.skipped = nullptr;
+    EXPECT_EQ(cpu::reshape_and_cache(w), bad);
+  }
+}
+
+TEST(CpuCacheWrite, NegativeSlotsLeaveTheCacheUntouched) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : kFormats) {
+    HostProblem p = make_problem(write_case(f, rng), rng());
+    for (int64_t& s : p.slot_mapping) s = -1 - int64_t(rng() % 100);
+    const std::vector<uint8_t> k = p.k_cache, v = p.v_cache;
+    EXPECT_EQ(cpu::reshape_and_cache(p.write_args()), 0);
+    EXPECT_TRUE(p.k_cache == k);
+    EXPECT_TRUE(p.v_cache == v);
+  }
+}
+
+TEST(CpuCacheWrite, PagePaddingAndSectionGapUntouched) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : kFormats) {
+    DecodeCase c = write_case(f, rng);
+    c.page_pad_bytes = 48;  // nvfp4 also gets a 16-byte gap between the data and scale sections
+    c.extra_blocks = 0;
+    SCOPED_TRACE(c.describe());
+    HostProblem p = make_problem(c, rng());
+    p.k_cache = garbage(p.k_cache.size(), rng);
+    const std::vector<uint8_t> before = p.k_cache;
+    cpu::reshape_and_cache(p.write_args());
+    const KvCacheLayout& l = p.layout;
+    const int64_t rows = int64_t(l.block_size) * l.num_kv_heads;
+    const int64_t data = f == KvFormat::bf16 ? rows * l.head_dim * 2 : f == KvFormat::fp8_e4m3 ? rows * l.head_dim
+                                                                                               : rows * l.head_dim / 2;
+    const int64_t scales = f == KvFormat::nvfp4 ? rows * l.head_dim / 16 : 0;
+    int64_t checked = 0;
+    for (int64_t pg = 0; pg < l.num_blocks; ++pg)
+      for (int64_t off = 0; off < l.page_stride_bytes; ++off) {
+        const bool gap = off >= data && off < l.data_section_bytes;
+        const bool pad = off >= l.data_section_bytes + scales;
+        if (!gap && !pad) continue;
+        ++checked;
+        const size_t i = size_t(pg * l.page_stride_bytes + off);
+        ASSERT_EQ(p.k_cache[i], before[i]) << "page " << pg << " offset " << off << (gap ? " (gap)" : " (padding)");
+      }
+    EXPECT_GE(checked, l.num_blocks * 48);
+  }
+}
+
+TEST(CpuCacheWrite, EmptyBatchWritesNothing) {
+  HostProblem p = make_problem(DecodeCase{KvFormat::nvfp4, 64, 16, 1, 1, {5}}, 3);
+  CacheWriteArgs w = p.write_args();
+  w.num_tokens = 0;
+  w.key = nullptr;
+  w.value = nullptr;
+  w.slot_mapping = nullptr;
+  const std::vector<uint8_t> k = p.k_cache;
+  EXPECT_EQ(cpu::reshape_and_cache(w), 0);
+  EXPECT_TRUE(p.k_cache == k);
+}
+
+// ---- bf16_absmax and calibration ----
+
+TEST(CpuAbsmax, StridedRowsIgnoreNaNAndFold) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int64_t rows : {int64_t(1), int64_t(7), int64_t(3000)}) {
+    const int64_t len = 200, stride = 264;
+    std::vector<bf16> x(size_t(rows * stride));
+    float want = 0.0f;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < stride; ++i) {
+        if (i >= len) {
+          x[r * stride + i] = codec::float_to_bf16(1e6f);  // outside the rows: must be ignored
+          continue;
+        }
+        const bf16 v = codec::float_to_bf16(normal(rng));
+        x[r * stride + i] = v;
+        want = std::max(want, std::fabs(codec::bf16_to_float(v)));
+      }
+    x[size_t(rows / 2) * stride + 3] = bf16{0x7fc0};  // NaNs are ignored
+    x[size_t(rows - 1) * stride + 5] = bf16{0xffc1};
+    float absmax = 0.0f;
+    cpu::bf16_absmax(x.data(), rows, len, stride, &absmax);
+    EXPECT_EQ(absmax, want) << rows << " rows";
+    // Folding: a larger running value stays, a smaller one is replaced.
+    float big = 1e5f;
+    cpu::bf16_absmax(x.data(), rows, len, stride, &big);
+    EXPECT_EQ(big, 1e5f);
+    float small = want / 2;
+    cpu::bf16_absmax(x.data(), rows, len, stride, &small);
+    EXPECT_EQ(small, want);
+    // No rows: unchanged.
+    float keep = 1.5f;
+    cpu::bf16_absmax(x.data(), 0, len, stride, &keep);
+    EXPECT_EQ(keep, 1.5f);
+  }
+}
+
+TEST(CpuAbsmax, CalibrationFlowOverTwoBatches) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int64_t H = 4, D = 128, stride = 3 * H * D;  // K rows of a fused QKV projection
+  float k_absmax = 0.0f, want = 0.0f;
+  for (int batch = 0; batch < 2; ++batch) {
+    const int64_t tokens = 50 + batch * 30;
+    std::vector<bf16> qkv(size_t(tokens * stride));
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t i = 0; i < stride; ++i) {
+        const bf16 v = codec::float_to_bf16(normal(rng) * (batch + 1));
+        qkv[t * stride + i] = v;
+        if (i >= H * D && i < 2 * H * D) want = std::max(want, std::fabs(codec::bf16_to_float(v)));
+      }
+    cpu::bf16_absmax(qkv.data() + H * D, tokens, H * D, stride, &k_absmax);
+  }
+  EXPECT_EQ(k_absmax, want);
+  EXPECT_EQ(fp8_scale_from_absmax(k_absmax), k_absmax / 448.0f);
+  EXPECT_EQ(nvfp4_global_scale_from_absmax(k_absmax), k_absmax / 2688.0f);
+  EXPECT_EQ(fp8_scale_from_absmax(0.0f), 1.0f);
+  EXPECT_EQ(nvfp4_global_scale_from_absmax(0.0f), 1.0f);
+}
+
+TEST(CpuAbsmax, CalibratedFp8ScaleMapsAbsmaxTo448) {
+  // Written with its own calibrated scale, the largest value maps to code +-448.
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  DecodeCase c;
+  c.format = KvFormat::fp8_e4m3;
+  c.seq_lens = {40, 17};
+  HostProblem p = make_problem(c, seed);
+  float absmax = 0.0f;
+  cpu::bf16_absmax(p.key.data(), p.num_tokens(), c.num_kv_heads * c.head_dim, p.kv_row_stride, &absmax);
+  // Padding tokens (slot < 0) are rows too; make_problem calibrates on written rows only.
+  EXPECT_GE(absmax, p.scales.k_scale * 448.0f * 0.999f);
+  int max_codes = 0;
+  for (int64_t j = 0; j < p.num_tokens(); ++j) {
+    const int64_t slot = p.slot_mapping[j];
+    if (slot < 0) continue;
+    const uint8_t* row = p.k_cache.data() + (slot / 16) * p.layout.page_stride_bytes + (slot % 16) * 256;
+    for (int i = 0; i < 256; ++i) max_codes += (row[i] & 0x7f) == 0x7e;
+  }
+  EXPECT_GE(max_codes, 1);
+}
+
+}  // namespace
+}  // namespace metrale::test

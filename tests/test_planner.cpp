@@ -1,0 +1,173 @@
+// The split planner (plan_decode) and the split rule (split_pages,
+// attended_pages): properties every backend relies on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "metrale/ops.hpp"
+#include "metrale/plan.hpp"
+#include "support/problem.hpp"
+
+namespace metrale::test {
+namespace {
+
+constexpr int32_t kH200Sms = 132;
+
+DecodeProblem problem(int32_t seqs, int32_t kv_heads, int32_t group, int32_t max_len, int32_t window = 0,
+                      KvFormat f = KvFormat::bf16, int32_t head_dim = 128, int32_t block_size = 16) {
+  DecodeProblem p;
+  p.num_seqs = seqs;
+  p.num_q_heads = kv_heads * group;
+  switch (f) {
+    case KvFormat::bf16: p.layout = KvCacheLayout::bf16(1000, block_size, kv_heads, head_dim); break;
+    case KvFormat::fp8_e4m3: p.layout = KvCacheLayout::fp8(1000, block_size, kv_heads, head_dim); break;
+    case KvFormat::nvfp4: p.layout = KvCacheLayout::nvfp4(1000, block_size, kv_heads, head_dim); break;
+  }
+  p.max_seq_len = max_len;
+  p.sliding_window = window;
+  return p;
+}
+
+void expect_well_formed(const DecodeProblem& p, const DecodePlan& plan) {
+  EXPECT_GE(plan.num_splits, 1);
+  EXPECT_LE(plan.num_splits, kMaxSplits);
+  if (plan.num_splits > 1)
+    EXPECT_EQ(plan.workspace_bytes,
+              splitk_workspace_bytes(p.num_seqs, p.num_q_heads, p.layout.head_dim, plan.num_splits));
+  else
+    EXPECT_EQ(plan.workspace_bytes, 0u);
+}
+
+TEST(Planner, SinglePassWhenTheBatchFillsTheMachine) {
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4})
+    for (int32_t len : {100, 4096, 131072}) {
+      const DecodeProblem p = problem(256, 8, 4, len, 0, f);
+      const DecodePlan plan = plan_decode(p, kH200Sms);
+      EXPECT_EQ(plan.num_splits, 1) << "len " << len;
+      expect_well_formed(p, plan);
+    }
+}
+
+TEST(Planner, SplitsBatchOneLongContexts) {
+  for (int32_t len : {8192, 32768, 131072}) {
+    const DecodeProblem p = problem(1, 8, 4, len);
+    const DecodePlan plan = plan_decode(p, kH200Sms);
+    EXPECT_GT(plan.num_splits, 1) << "len " << len;
+    expect_well_formed(p, plan);
+  }
+  // Longer contexts never get fewer splits.
+  int32_t prev = 0;
+  for (int32_t len = 512; len <= (1 << 20); len *= 2) {
+    const DecodePlan plan = plan_decode(problem(1, 2, 8, len), kH200Sms);
+    EXPECT_GE(plan.num_splits, prev) << "len " << len;
+    prev = plan.num_splits;
+  }
+  EXPECT_GT(prev, 1);
+}
+
+TEST(Planner, ShortContextsAreNotCutIntoTinyPieces) {
+  for (int32_t len : {0, 1, 16, 100, 255})
+    EXPECT_EQ(plan_decode(problem(1, 1, 1, len), kH200Sms).num_splits, 1) << "len " << len;
+  // A sliding window bounds the attended length whatever the context.
+  const DecodePlan windowed = plan_decode(problem(1, 8, 4, 1 << 20, 128), kH200Sms);
+  EXPECT_EQ(windowed.num_splits, 1);
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 500; ++i) {
+    const int32_t len = int32_t(rng() % 200000), window = (rng() % 3 == 0) ? int32_t(rng() % 5000) : 0;
+    const DecodeProblem p = problem(1 + int32_t(rng() % 64), 1 + int32_t(rng() % 8), 1 << (rng() % 4), len, window);
+    const DecodePlan plan = plan_decode(p, 1 + int32_t(rng() % 200));
+    expect_well_formed(p, plan);
+    const int64_t attended = window > 0 ? std::min<int64_t>(len, window + 16) : len;
+    if (plan.num_splits > 1) {
+      EXPECT_GE(attended / plan.num_splits, 128) << "len " << len << " window " << window;
+    }
+  }
+}
+
+TEST(Planner, NumSplitsWithinBoundsAndDeterministic) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 300; ++i) {
+    const DecodeProblem p =
+        problem(int32_t(rng() % 300), 1 + int32_t(rng() % 16), 1 + int32_t(rng() % 8), int32_t(rng() % (1 << 22)));
+    const int32_t sms = 1 + int32_t(rng() % 1000);
+    const DecodePlan a = plan_decode(p, sms), b = plan_decode(p, sms);
+    expect_well_formed(p, a);
+    EXPECT_EQ(a.num_splits, b.num_splits);
+    EXPECT_EQ(a.workspace_bytes, b.workspace_bytes);
+  }
+  // Even an extreme machine with one huge sequence stays within kMaxSplits.
+  EXPECT_LE(plan_decode(problem(1, 1, 1, 1 << 30), 100000).num_splits, kMaxSplits);
+  // An empty batch is a single pass with no workspace.
+  const DecodePlan empty = plan_decode(problem(0, 8, 4, 4096), kH200Sms);
+  EXPECT_EQ(empty.num_splits, 1);
+  EXPECT_EQ(empty.workspace_bytes, 0u);
+}
+
+TEST(Planner, MoreSmsNeverMeanFewerSplits) {
+  const DecodeProblem p = problem(2, 4, 8, 65536);
+  int32_t prev = 1;
+  for (int32_t sms = 1; sms <= 512; sms *= 2) {
+    const int32_t n = plan_decode(p, sms).num_splits;
+    EXPECT_GE(n, prev) << sms << " SMs";
+    prev = n;
+  }
+}
+
+TEST(Planner, SplitPagesCoverTheAttendedRangeExactly) {
+  for (int32_t first : {0, 3})
+    for (int32_t n = 0; n <= 40; ++n) {
+      const PageRange r{first, first + n};
+      for (int32_t ns = 1; ns <= n + 3; ++ns) {
+        int32_t next = r.first, nonempty = 0;
+        for (int32_t s = 0; s < ns; ++s) {
+          const PageRange sp = split_pages(r, s, ns);
+          ASSERT_LE(sp.first, sp.end) << "n " << n << " splits " << ns << " split " << s;
+          if (sp.first == sp.end) continue;  // empty splits only after the covered part
+          ASSERT_EQ(sp.first, next) << "n " << n << " splits " << ns << " split " << s;
+          next = sp.end;
+          ++nonempty;
+        }
+        ASSERT_EQ(next, r.end) << "n " << n << " splits " << ns;
+        ASSERT_LE(nonempty, ns);
+        if (ns <= n) {
+          ASSERT_GE(nonempty, 1);
+        }
+        // Every non-empty split but the last has the same length ceil(n / ns).
+        for (int32_t s = 0; s + 1 < ns; ++s) {
+          const PageRange a = split_pages(r, s, ns), b = split_pages(r, s + 1, ns);
+          if (b.first < b.end) {
+            ASSERT_EQ(a.end - a.first, (n + ns - 1) / ns);
+          }
+        }
+      }
+    }
+}
+
+TEST(Planner, AttendedPagesAndWindowStart) {
+  EXPECT_EQ(window_start(100, 0), 0);
+  EXPECT_EQ(window_start(100, 30), 70);
+  EXPECT_EQ(window_start(100, 100), 0);
+  EXPECT_EQ(window_start(100, 1000), 0);
+  for (int32_t B : {16, 32, 64, 128})
+    for (int32_t L = 0; L <= 5 * B; ++L)
+      for (int32_t W : {0, 1, B - 1, B, B + 1, 3 * B}) {
+        const PageRange r = attended_pages(L, W, B);
+        const int32_t ws = window_start(L, W);
+        ASSERT_EQ(r.end, (L + B - 1) / B);
+        ASSERT_EQ(r.first, ws / B);
+        ASSERT_LE(r.first, r.end);
+        if (L > 0) {
+          ASSERT_LE(r.first * B, ws);  // the first attended position lies in the first page
+        }
+        ASSERT_EQ(L - ws, W > 0 ? std::min(L, W) : L);  // attended positions
+      }
+}
+
+}  // namespace
+}  // namespace metrale::test
