@@ -1,0 +1,71 @@
+// The demo's decode batch on the host: random bf16 K/V rows of a batch of
+// mixed-length sequences (a few large-magnitude K channels, as real models
+// have), their paged placement (shuffled pages, block tables, slot mapping)
+// and one bf16 query row per sequence. Every backend quantizes and decodes
+// these same rows, so their outputs compare against one float64 reference.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "metrale/codec.hpp"
+
+namespace metrale::cli {
+
+// 64-byte aligned storage: the library wants 16-byte aligned pointers.
+template <class T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(size_t n) {
+    const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    if (void* p = std::aligned_alloc(64, bytes ? bytes : 64)) return static_cast<T*>(p);
+    throw std::bad_alloc();
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <class U>
+  bool operator==(const AlignedAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const AlignedAllocator<U>&) const { return false; }
+};
+template <class T>
+using AlignedVector = std::vector<T, AlignedAllocator<T>>;
+
+// One attention layer's shape (default: Qwen3-8B).
+struct LayerShape {
+  int32_t num_q_heads = 32;
+  int32_t num_kv_heads = 8;
+  int32_t head_dim = 128;
+  int32_t block_size = 16;
+  int32_t num_layers = 36;  // of the model, for whole-model capacity figures only
+};
+
+struct HostBatch {
+  LayerShape shape;
+  std::vector<int32_t> seq_lens;
+  std::vector<int64_t> first_token;   // [num_seqs]: row of each sequence's position 0 in key/value
+  int64_t num_blocks = 0;             // pages of the cache (exactly the pages the batch uses)
+  int32_t max_blocks_per_seq = 0;
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], pages shuffled over the cache
+  std::vector<int64_t> slot_mapping;  // [num_tokens]
+  AlignedVector<bf16> key, value;     // [num_tokens, kv_row()]
+  AlignedVector<bf16> q;              // [num_seqs, q_row()]
+  float sm_scale = 0.0f;
+
+  int32_t num_seqs() const { return int32_t(seq_lens.size()); }
+  int64_t num_tokens() const { return int64_t(slot_mapping.size()); }
+  int64_t kv_row() const { return int64_t(shape.num_kv_heads) * shape.head_dim; }
+  int64_t q_row() const { return int64_t(shape.num_q_heads) * shape.head_dim; }
+  int64_t out_elems() const { return int64_t(num_seqs()) * q_row(); }
+  int32_t max_seq_len() const;
+};
+
+// `num_seqs` sequences: the first has `max_len` tokens, the others random
+// lengths in [max_len/8, max_len]. Deterministic for a seed.
+HostBatch make_batch(const LayerShape& shape, int32_t num_seqs, int32_t max_len, uint64_t seed);
+
+}  // namespace metrale::cli
