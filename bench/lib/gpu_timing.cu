@@ -2,6 +2,7 @@
 #include "bench/lib/gpu_timing.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
