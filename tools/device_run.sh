@@ -47,7 +47,16 @@ fi
 
 if [ "${BENCH:-1}" = 1 ]; then
   "$BUILD/bench/metrale_bench" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  # Peers on the same shapes in the same run (PyTorch is on the GPU machine).
+  if [ "${PEERS:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
+    PYTHONUNBUFFERED=1 python3 bench/peers.py --metrale-csv "$OUT/bench.csv" --csv "$OUT/peers.csv" 2>&1 | tee "$OUT/peers.log"
+  fi
 fi
+# The main job, as a newcomer runs it.
+[ -x "$BUILD/tools/metrale" ] && "$BUILD/tools/metrale" 2>&1 | tee "$OUT/metrale.txt"
+
+# Only a few files come back from the machine: pack the logs.
+(cd "$OUT" && tar czf logs.tgz ./*.log 2>/dev/null && rm -f ./*.log)
 echo
 echo "== summary"
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"

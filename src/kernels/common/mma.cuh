@@ -68,21 +68,20 @@ __device__ __forceinline__ uint32_t pack2<F16Op>(float lo, float hi) {
   return r;
 }
 
+// Four E4M3 codes to two f16x2, exact: bytes 0-1 -> lo (byte 0 in the low
+// half), bytes 2-3 -> hi. Splitting the register into halves is free.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t codes, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(codes));
+}
+
 // Two E4M3 codes (bits 0-7 -> low half, 8-15 -> high half) to f16x2, exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes16) {
   uint32_t r;
   asm("{\n .reg .b16 t;\n cvt.u16.u32 t, %1;\n cvt.rn.f16x2.e4m3x2 %0, t;\n}\n" : "=r"(r) : "r"(codes16));
   return r;
 }
-
-// E2M1 codes in bits 0-3 and 16-19 of t to f16x2 holding code * 2^-14: the
-// code's exponent and mantissa bits land in the f16's low exponent bits and
-// top mantissa bit (E2M1's subnormal 0.5 becomes an f16 subnormal), so the
-// value is exact up to the power of two folded into the scales.
-__device__ __forceinline__ uint32_t e2m1x2_to_f16x2_scaled(uint32_t t) {
-  return ((t << 12) & 0x80008000u) | ((t << 9) & 0x0e000e00u);
-}
-constexpr float kE2M1F16Shift = 16384.0f;  // 2^14 undone by the caller
 
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   uint32_t r;

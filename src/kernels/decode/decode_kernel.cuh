@@ -99,8 +99,8 @@ struct StepBuffers {
   uint32_t va[Cfg::kUnroll][Cfg::kVWords], vb[Cfg::kUnroll][Cfg::kVWords];
   uint8_t ks[Cfg::kUnroll][Cfg::kKScaleBytes];
   uint8_t vsa[Cfg::kUnroll][Cfg::kVScaleBytes], vsb[Cfg::kUnroll][Cfg::kVScaleBytes];
-  int32_t pos0[Cfg::kUnroll];  // sequence position of each step's first token
-  bool live[Cfg::kUnroll];     // step inside the split and on a valid page
+  int32_t st0;                 // first step held
+  uint32_t live;               // bit u: step st0+u is inside the split and on a valid page
 };
 
 // Loads `Bytes` (4, 8 or 16) read-only bytes into consecutive words.
@@ -185,6 +185,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
 
   const int steps_per_page = p.block_size / 8;
   const int total_steps = (pages.end - pages.first) * steps_per_page;
+  // block_size is a power of two: step -> (page, token) by shift and mask.
+  const int spp_shift = 31 - __clz(steps_per_page);
+  const int spp_mask = steps_per_page - 1;
   const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
 
   // Per-thread byte offsets inside a page (see the header for the patterns).
@@ -203,14 +206,15 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int st = st0 + u;
-      const int page_idx = pages.first + st / steps_per_page;
+      const int page_idx = pages.first + (st >> spp_shift);
       const int32_t page = st < total_steps ? table[page_idx] : 0;
       const bool page_ok = page >= 0 && page < p.num_blocks;
       bad_page |= !page_ok;  // corrupt table: never dereference, poison the output
-      b.live[u] = st < total_steps && page_ok;
-      const int tok0 = (st % steps_per_page) * 8;
-      b.pos0[u] = page_idx * p.block_size + tok0;
-      const int64_t page_off = int64_t(b.live[u] ? page : 0) * p.page_stride + tok0 * row_stride;
+      const bool live = st < total_steps && page_ok;
+      if (u == 0) b.st0 = st0, b.live = 0;
+      b.live |= uint32_t(live) << u;
+      const int tok0 = (st & spp_mask) * 8;
+      const int64_t page_off = int64_t(live ? page : 0) * p.page_stride + tok0 * row_stride;
       const uint8_t* kp = p.k_cache + page_off + head_off + k_thread;
       const uint8_t* vp = p.v_cache + page_off + head_off + va_thread;
 #pragma unroll
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
       for (int i = 0; i < Cfg::kKScaleBytes; ++i) b.ks[u][i] = 0;
 #pragma unroll
       for (int i = 0; i < Cfg::kVScaleBytes; ++i) b.vsa[u][i] = b.vsb[u][i] = 0;
-      if (!b.live[u]) continue;
+      if (!live) continue;  // nothing to load; compute() masks the whole step
 #pragma unroll
       for (int i = 0; i < Cfg::kKVecs; ++i)
         load_vec<Cfg::kKVecBytes>(kp + i * 4 * Cfg::kKVecBytes, &b.kw[u][i * Cfg::kKVecBytes / 4]);
@@ -269,9 +273,15 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
         mma_16816<Op>(s, a, b0, b1);
       }
       // Logits in log2 units; positions outside [first_pos, seq_len) are masked.
-      const int32_t pa = b.pos0[u] + 2 * c;
-      const bool ok0 = b.live[u] && pa >= first_pos && pa < seq_len;
-      const bool ok1 = b.live[u] && pa + 1 >= first_pos && pa + 1 < seq_len;
+      // Most steps lie wholly inside the attended range (warp-uniform test)
+      // and skip the V masking below.
+      const int st = b.st0 + u;
+      const bool live = (b.live >> u) & 1u;
+      const int32_t pos0 = (pages.first + (st >> spp_shift)) * p.block_size + (st & spp_mask) * 8;
+      const bool full = live && pos0 >= first_pos && pos0 + 8 <= seq_len;
+      const int32_t pa = pos0 + 2 * c;
+      const bool ok0 = live && pa >= first_pos && pa < seq_len;
+      const bool ok1 = live && pa + 1 >= first_pos && pa + 1 < seq_len;
       float x[4];
       x[0] = ok0 ? s[0] * p.qk_log2_scale : kNegInf;
       x[1] = ok1 ? s[1] * p.qk_log2_scale : kNegInf;
@@ -309,16 +319,18 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
       const uint32_t pa01 = pack2<Op>(p0, p1), pa23 = pack2<Op>(p2, p3);
       // Unattended slots hold whatever the cache held (possibly NaN codes):
       // a zero weight times NaN is NaN, so their V operands are zeroed too.
+      if (!full) {
 #pragma unroll
-      for (int w = 0; w < Cfg::kVWords; ++w) {
-        b.va[u][w] = ok0 ? b.va[u][w] : 0u;
-        b.vb[u][w] = ok1 ? b.vb[u][w] : 0u;
-      }
-      if constexpr (Fmt::kScaled) {
+        for (int w = 0; w < Cfg::kVWords; ++w) {
+          b.va[u][w] = ok0 ? b.va[u][w] : 0u;
+          b.vb[u][w] = ok1 ? b.vb[u][w] : 0u;
+        }
+        if constexpr (Fmt::kScaled) {
 #pragma unroll
-        for (int i = 0; i < Cfg::kVScaleBytes; ++i) {
-          b.vsa[u][i] = ok0 ? b.vsa[u][i] : uint8_t(0);
-          b.vsb[u][i] = ok1 ? b.vsb[u][i] : uint8_t(0);
+          for (int i = 0; i < Cfg::kVScaleBytes; ++i) {
+            b.vsa[u][i] = ok0 ? b.vsa[u][i] : uint8_t(0);
+            b.vsb[u][i] = ok1 ? b.vsb[u][i] : uint8_t(0);
+          }
         }
       }
 #pragma unroll
