@@ -87,6 +87,19 @@ struct ReduceArgs {
   bf16* out = nullptr;                   // [num_seqs, num_q_heads, head_dim]
 };
 
+// The reduce that merges the split-K pass `ws` of `args` into args.out.
+inline ReduceArgs reduce_args_for(const DecodeArgs& args, const SplitKWorkspace& ws) {
+  ReduceArgs r;
+  r.workspace = ws.data;
+  r.workspace_bytes = ws.bytes;
+  r.num_seqs = args.num_seqs;
+  r.num_q_heads = args.num_q_heads;
+  r.head_dim = args.cache.layout.head_dim;
+  r.num_splits = ws.num_splits;
+  r.out = args.out;
+  return r;
+}
+
 // Largest num_splits a split-K launch accepts.
 constexpr int32_t kMaxSplits = 256;
 

@@ -108,8 +108,7 @@ void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws)
 // The plan's num_splits is authoritative: ws supplies the memory (ws.data,
 // ws.bytes) and its own num_splits field is ignored.
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws) {
-  METRALE_CHECK_ARG(plan.num_splits >= 1 && plan.num_splits <= kMaxSplits, "plan.num_splits", plan.num_splits,
-                    "1.." + std::to_string(kMaxSplits));
+  ::metrale::detail::validate_plan(plan);
   if (plan.num_splits == 1) {
     paged_decode_attn(args);
     return;
@@ -117,15 +116,7 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWork
   SplitKWorkspace w = ws;
   w.num_splits = plan.num_splits;
   paged_decode_attn_splitk(args, w);
-  ReduceArgs r;
-  r.workspace = w.data;
-  r.workspace_bytes = w.bytes;
-  r.num_seqs = args.num_seqs;
-  r.num_q_heads = args.num_q_heads;
-  r.head_dim = args.cache.layout.head_dim;
-  r.num_splits = plan.num_splits;
-  r.out = args.out;
-  paged_decode_attn_reduce(r);
+  paged_decode_attn_reduce(reduce_args_for(args, w));
 }
 
 }  // namespace metrale::cpu

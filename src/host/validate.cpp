@@ -94,6 +94,11 @@ void validate_reduce(const ReduceArgs& a) {
   METRALE_CHECK_ARG(a.workspace_bytes >= need, "workspace_bytes", a.workspace_bytes, ">= " + std::to_string(need));
 }
 
+void validate_plan(const DecodePlan& plan) {
+  METRALE_CHECK_ARG(plan.num_splits >= 1 && plan.num_splits <= kMaxSplits, "plan.num_splits", plan.num_splits,
+                    "1.." + std::to_string(kMaxSplits));
+}
+
 void validate_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, const float* absmax) {
   METRALE_CHECK_ARG(num_rows >= 0, "num_rows", num_rows, ">= 0");
   METRALE_CHECK_ARG(row_len >= 0, "row_len", row_len, ">= 0");

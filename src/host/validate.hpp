@@ -4,6 +4,7 @@
 #pragma once
 
 #include "metrale/ops.hpp"
+#include "metrale/plan.hpp"
 
 namespace metrale::detail {
 
@@ -12,6 +13,7 @@ void validate_cache_write(const CacheWriteArgs& args);
 void validate_decode(const DecodeArgs& args);
 void validate_workspace(const DecodeArgs& args, const SplitKWorkspace& ws);
 void validate_reduce(const ReduceArgs& args);
+void validate_plan(const DecodePlan& plan);
 void validate_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, const float* absmax);
 
 }  // namespace metrale::detail

@@ -86,20 +86,15 @@ void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws,
   launch(p, args.cache.layout.format, args.cache.layout.head_dim, num_ctas(p, args.num_seqs), stream);
 }
 
+// As cpu::run_decode: the plan's num_splits is authoritative, ws supplies
+// the memory.
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
-  if (plan.num_splits <= 1) return paged_decode_attn(args, stream);
+  detail::validate_plan(plan);
+  if (plan.num_splits == 1) return paged_decode_attn(args, stream);
   SplitKWorkspace w = ws;
   w.num_splits = plan.num_splits;
   paged_decode_attn_splitk(args, w, stream);
-  ReduceArgs r;
-  r.workspace = w.data;
-  r.workspace_bytes = w.bytes;
-  r.num_seqs = args.num_seqs;
-  r.num_q_heads = args.num_q_heads;
-  r.head_dim = args.cache.layout.head_dim;
-  r.num_splits = w.num_splits;
-  r.out = args.out;
-  paged_decode_attn_reduce(r, stream);
+  paged_decode_attn_reduce(reduce_args_for(args, w), stream);
 }
 
 }  // namespace metrale::cuda
