@@ -5,15 +5,18 @@
 // split), so the q heads that share a kv head are served by ONE read of that
 // head's cache: the GQA group is the M dimension of the tensor-core MMAs
 // (rows beyond the group are zero and never stored). The CTA's 4 warps take
-// 8-token steps of the split's pages round-robin; each warp keeps its own
-// online-softmax state and output accumulator in registers, with no barrier
-// in the main loop, and the warps merge through shared memory at the end.
+// groups of kUnroll consecutive 8-token steps of the split's pages
+// round-robin, loading the next group into a second register stage while
+// computing the current one; each warp keeps its own online-softmax state
+// and output accumulator in registers, with no barrier in the main loop,
+// and the warps merge through shared memory at the end.
 //
 // Per 8-token step a warp computes S = Q K^T (m16n8k16: M = 16 q heads,
 // N = 8 tokens, K = head_dim) and O += P V (m16n8k8: K = the 8 tokens). The
 // C fragment of S is exactly the A fragment of P, so softmax weights never
 // leave registers. Every thread loads whole 16-byte vectors of token rows
-// straight from global memory (no shared-memory staging):
+// straight from global memory (shared-memory staging with per-lane cp.async
+// was measured slower, bench/RESULTS.md v3):
 //   K: thread (g = lane/4, c = lane%4) loads token g of the step, vectors
 //      i*4 + c of its row; head_dim position d feeds QK k-step kk through the
 //      permutation d = (i*4 + c)*EK + 4h + r (EK elements per vector,
