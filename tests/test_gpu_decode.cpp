@@ -63,7 +63,7 @@ DecodeCase random_case(std::mt19937_64& rng) {
   DecodeCase c;
   c.format = KvFormat(rng() % 3);
   c.head_dim = int32_t(pick(64, 128, 256));
-  c.block_size = int32_t(pick(16, 32, 16, 32, 64));
+  c.block_size = int32_t(pick(16, 32, 16, 32, 64, 128));
   c.num_kv_heads = int32_t(pick(1, 2, 3, 8));
   c.group = int32_t(pick(1, 2, 4, 5, 8, 16, 6, 32));
   const int32_t max_len = int32_t(pick(1, 17, 100, 700, 3000));
