@@ -156,6 +156,28 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
   const int32_t first_pos = window_start(seq_len, p.sliding_window);
   const PageRange pages = split_pages(attended_pages(seq_len, p.sliding_window, p.block_size), split, p.num_splits);
 
+  // Q -> fragment order in shared memory (rows past the group are zero).
+  for (int idx = threadIdx.x; idx < Cfg::kKSteps * 32; idx += Cfg::kThreads) {
+    const int kk = idx / 32, ln = idx % 32, gg = ln / 4, cc = ln % 4;
+    const int i = kk / (Cfg::kKElemsPerVec / 4), h = kk % (Cfg::kKElemsPerVec / 4);
+    const int d0 = (i * 4 + cc) * Cfg::kKElemsPerVec + 4 * h;
+    uint32_t w[2][2] = {{0, 0}, {0, 0}};  // [row g / g+8][elements d0..1 / d0+2..3]
+    for (int half = 0; half < 2; ++half) {
+      const int r = gg + 8 * half;
+      if (r < rows) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(p.q + seq * p.q_stride + int64_t(head0 + r) * D + d0);
+        if constexpr (std::is_same_v<Op, Bf16Op>) {
+          w[half][0] = raw.x, w[half][1] = raw.y;
+        } else {
+          w[half][0] = pack2<Op>(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u));
+          w[half][1] = pack2<Op>(__uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
+        }
+      }
+    }
+    qfrag[idx] = make_uint4(w[0][0], w[1][0], w[0][1], w[1][1]);
+  }
+  __syncthreads();
+
   float o[Cfg::kNTiles][4];
 #pragma unroll
   for (int j = 0; j < Cfg::kNTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -332,42 +354,16 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
 
   // Two register stages where the budget allows: the loads of the next
   // steps are in flight while the current ones are computed.
-  // With two stages the first group's loads are issued before Q is staged,
-  // so the Q prologue and its barrier overlap HBM latency (it matters for
-  // short splits and short contexts).
   constexpr int kStride = Cfg::kWarps * U;
   StepBuffers<Cfg> buf[Cfg::kStages];
   int st0 = warp * U;
-  if constexpr (Cfg::kStages == 2) load(buf[0], st0);
-
-  // Q -> fragment order in shared memory (rows past the group are zero).
-  for (int idx = threadIdx.x; idx < Cfg::kKSteps * 32; idx += Cfg::kThreads) {
-    const int kk = idx / 32, ln = idx % 32, gg = ln / 4, cc = ln % 4;
-    const int i = kk / (Cfg::kKElemsPerVec / 4), h = kk % (Cfg::kKElemsPerVec / 4);
-    const int d0 = (i * 4 + cc) * Cfg::kKElemsPerVec + 4 * h;
-    uint32_t w[2][2] = {{0, 0}, {0, 0}};  // [row g / g+8][elements d0..1 / d0+2..3]
-    for (int half = 0; half < 2; ++half) {
-      const int r = gg + 8 * half;
-      if (r < rows) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(p.q + seq * p.q_stride + int64_t(head0 + r) * D + d0);
-        if constexpr (std::is_same_v<Op, Bf16Op>) {
-          w[half][0] = raw.x, w[half][1] = raw.y;
-        } else {
-          w[half][0] = pack2<Op>(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u));
-          w[half][1] = pack2<Op>(__uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
-        }
-      }
-    }
-    qfrag[idx] = make_uint4(w[0][0], w[1][0], w[0][1], w[1][1]);
-  }
-  __syncthreads();
-
   if constexpr (Cfg::kStages == 1) {
-    for (; st0 < total_steps; st0 += kStride) {  // D = 256: no registers to spare for a preload
+    for (; st0 < total_steps; st0 += kStride) {
       load(buf[0], st0);
       compute(buf[0]);
     }
   } else {
+    load(buf[0], st0);
     while (st0 < total_steps) {
       load(buf[1], st0 + kStride);
       compute(buf[0]);
