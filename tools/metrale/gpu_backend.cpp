@@ -10,36 +10,13 @@
 #include "backends.hpp"
 #include "bench/lib/decode_workload.hpp"
 #include "bench/lib/gpu_timing.hpp"
+#include "device_buffer.hpp"
 #include "kv_setup.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/plan.hpp"
 
 namespace metrale::cli {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
-}
-
-// Owning device allocation.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { check(cudaMalloc(&ptr_, std::max<size_t>(bytes, 16)), "cudaMalloc"); }
-  template <class T>
-  DeviceBuffer(const T* host, size_t count) : DeviceBuffer(count * sizeof(T)) {
-    check(cudaMemcpy(ptr_, host, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy(host to device)");
-  }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const { return static_cast<T*>(ptr_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-};
 
 // The host batch's inputs on the device, shared by every format.
 struct DeviceBatch {
@@ -58,11 +35,11 @@ void accuracy(FormatResult& r, const HostBatch& b, const DeviceBatch& d, const s
               int32_t num_sms) {
   const KvCacheLayout layout = make_layout(r.format, b.shape, b.num_blocks);
   DeviceBuffer absmax(2 * sizeof(float));
-  check(cudaMemset(absmax.as<void>(), 0, 2 * sizeof(float)), "cudaMemset");
+  cuda_check(cudaMemset(absmax.as<void>(), 0, 2 * sizeof(float)), "cudaMemset");
   cuda::bf16_absmax(d.key.as<bf16>(), b.num_tokens(), b.kv_row(), b.kv_row(), absmax.as<float>());
   cuda::bf16_absmax(d.value.as<bf16>(), b.num_tokens(), b.kv_row(), b.kv_row(), absmax.as<float>() + 1);
   float am[2];
-  check(cudaMemcpy(am, absmax.as<void>(), sizeof(am), cudaMemcpyDeviceToHost), "cudaMemcpy(absmax)");
+  cuda_check(cudaMemcpy(am, absmax.as<void>(), sizeof(am), cudaMemcpyDeviceToHost), "cudaMemcpy(absmax)");
 
   DeviceBuffer k_cache(size_t(layout.cache_bytes())), v_cache(size_t(layout.cache_bytes()));
   const KvCacheView cache{layout, k_cache.as<void>(), v_cache.as<void>(), scales_from_absmax(r.format, am[0], am[1])};
@@ -85,7 +62,7 @@ void accuracy(FormatResult& r, const HostBatch& b, const DeviceBatch& d, const s
   r.accuracy_splits = plan.num_splits;
   DeviceBuffer ws(plan.workspace_bytes);
   DeviceBuffer out(size_t(b.out_elems()) * sizeof(bf16));
-  check(cudaMemset(out.as<void>(), 0xff, out.bytes()), "cudaMemset(out)");  // NaN poison: unwritten shows
+  cuda_check(cudaMemset(out.as<void>(), 0xff, out.bytes()), "cudaMemset(out)");  // NaN poison: unwritten shows
 
   DecodeArgs a;
   a.q = d.q.as<bf16>();
@@ -100,12 +77,12 @@ void accuracy(FormatResult& r, const HostBatch& b, const DeviceBatch& d, const s
   a.out = out.as<bf16>();
   cuda::run_decode(plan, a, SplitKWorkspace{ws.as<float>(), ws.bytes(), plan.num_splits});
   AlignedVector<bf16> host_out(size_t(b.out_elems()));
-  check(cudaMemcpy(host_out.data(), out.as<void>(), out.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(out)");
+  cuda_check(cudaMemcpy(host_out.data(), out.as<void>(), out.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(out)");
   r.error = compare_to_reference(host_out.data(), ref, b.num_seqs(), b.shape.num_q_heads, b.shape.head_dim);
 
   AlignedVector<uint8_t> host_k(k_cache.bytes()), host_v(v_cache.bytes());
-  check(cudaMemcpy(host_k.data(), k_cache.as<void>(), k_cache.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(k)");
-  check(cudaMemcpy(host_v.data(), v_cache.as<void>(), v_cache.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(v)");
+  cuda_check(cudaMemcpy(host_k.data(), k_cache.as<void>(), k_cache.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(k)");
+  cuda_check(cudaMemcpy(host_v.data(), v_cache.as<void>(), v_cache.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(v)");
   const KvCacheView host_cache{layout, host_k.data(), host_v.data(), cache.scales};
   r.kernel_error = compare_to_reference(host_out.data(), attention_f64(b, cache_rows(b, host_cache)), b.num_seqs(),
                                         b.shape.num_q_heads, b.shape.head_dim);
@@ -178,7 +155,7 @@ GpuRun run_gpu(const HostBatch& batch, const std::vector<double>& ref, const Gpu
     timing(r, batch.shape, timed, dev, run.ceiling_gbps);
     run.rows.push_back(r);
   }
-  check(cudaDeviceSynchronize(), "demo");
+  cuda_check(cudaDeviceSynchronize(), "demo");
   return run;
 }
 

@@ -1,11 +1,13 @@
 // The `metrale` command. With no arguments it runs the default job (demo.hpp)
-// and prints one table; see README.md.
+// and prints one table; the subcommands (subcommands.hpp) run the other jobs
+// of issue 6: accuracy, serve-sim, bench, check. See README.md.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 
 #include "demo.hpp"
 #include "report.hpp"
+#include "subcommands.hpp"
 
 int main(int argc, char** argv) {
   using namespace metrale::cli;
@@ -38,9 +40,22 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--reps", opt.reps, "CPU timing repetitions (median)")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--seed", opt.seed, "Seed of the random batch")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  int status = 0;
+  add_accuracy_command(app, &status);
+  add_serve_sim_command(app, &status);
+  add_bench_command(app, &status);
+  add_check_command(app, &status);
+  app.require_subcommand(0, 1);
 
   try {
+    // A subcommand runs inside parse() (its callback); no subcommand: the default job below.
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    if (!app.get_subcommands().empty()) return status;
+
     const DemoReport report = run_demo(opt);
     std::fputs(render_text(report).c_str(), stdout);
     std::fflush(stdout);

@@ -1,0 +1,175 @@
+// The serve-sim block allocator (tools/metrale/block_allocator.hpp): it must
+// never leak a page nor hand one out twice, whatever the order of allocations
+// and frees, and bookkeeping bugs (freeing an unknown or already-free page)
+// must fail with a typed metrale error. Also a short serve-sim run on the CPU
+// backend: finite outputs and every page back in the pool at the end.
+#include <gtest/gtest.h>
+
+#if __has_include("block_allocator.hpp")  // tools/ is built (METRALE_BUILD_TOOLS)
+#include <algorithm>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "block_allocator.hpp"
+#include "metrale/cuda.hpp"
+#include "metrale/error.hpp"
+#include "serve_sim.hpp"
+
+namespace {
+
+using metrale::cli::BlockAllocator;
+
+// Invariants: free + used == total; the pages held outside are exactly the used ones.
+void expect_consistent(const BlockAllocator& a, const std::set<int32_t>& held) {
+  ASSERT_EQ(a.num_free() + a.num_used(), a.total());
+  ASSERT_EQ(a.num_used(), int32_t(held.size()));
+  for (int32_t b : held) ASSERT_TRUE(a.is_used(b)) << b;
+}
+
+TEST(BlockAllocator, HandsOutEveryPageOnceThenNothing) {
+  BlockAllocator a(37);
+  std::set<int32_t> held;
+  for (int i = 0; i < 37; ++i) {
+    const std::optional<int32_t> b = a.allocate();
+    ASSERT_TRUE(b.has_value());
+    ASSERT_GE(*b, 0);
+    ASSERT_LT(*b, 37);
+    ASSERT_TRUE(held.insert(*b).second) << "page " << *b << " handed out twice";
+  }
+  EXPECT_FALSE(a.allocate().has_value());
+  EXPECT_EQ(a.num_free(), 0);
+  expect_consistent(a, held);
+  for (int32_t b : held) a.free(b);
+  EXPECT_EQ(a.num_used(), 0);
+  EXPECT_EQ(a.num_free(), 37);
+}
+
+TEST(BlockAllocator, RandomizedAllocFreeKeepsInvariants) {
+  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u}) {
+    std::mt19937_64 rng(seed);
+    const int32_t total = int32_t(1 + rng() % 200);
+    BlockAllocator a(total);
+    std::set<int32_t> held;
+    std::vector<int32_t> order;  // held pages in a shuffled order, freed from random positions
+    for (int op = 0; op < 20000; ++op) {
+      // Bias towards allocation or towards freeing in phases, to reach both full and empty pools.
+      const bool grow = (op / 1000) % 2 == 0 ? rng() % 4 != 0 : rng() % 4 == 0;
+      if (grow) {
+        const std::optional<int32_t> b = a.allocate();
+        if (int32_t(held.size()) == total) {
+          ASSERT_FALSE(b.has_value());
+        } else {
+          ASSERT_TRUE(b.has_value());
+          ASSERT_TRUE(held.insert(*b).second) << "page " << *b << " handed out twice (seed " << seed << ")";
+          order.push_back(*b);
+        }
+      } else if (!order.empty()) {
+        const size_t i = size_t(rng() % order.size());
+        const int32_t b = order[i];
+        order[i] = order.back();
+        order.pop_back();
+        a.free(b);
+        held.erase(b);
+      }
+      expect_consistent(a, held);
+    }
+    for (int32_t b : order) a.free(b);
+    EXPECT_EQ(a.num_used(), 0) << "seed " << seed;
+    EXPECT_EQ(a.num_free(), total);
+  }
+}
+
+TEST(BlockAllocator, DoubleFreeAndUnknownPagesThrowTypedErrors) {
+  BlockAllocator a(4);
+  const int32_t b = *a.allocate();
+  a.free(b);
+  EXPECT_THROW(a.free(b), metrale::InvalidArgument);  // already free
+  EXPECT_THROW(a.free(-1), metrale::InvalidArgument);
+  EXPECT_THROW(a.free(4), metrale::InvalidArgument);
+  EXPECT_THROW(a.free(3), metrale::InvalidArgument);  // never handed out
+  try {
+    a.free(b);
+    FAIL() << "no throw";
+  } catch (const metrale::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'block'"), std::string::npos) << e.what();
+  }
+  // A failed free changes nothing.
+  EXPECT_EQ(a.num_free(), 4);
+  EXPECT_THROW(BlockAllocator(-1), metrale::InvalidArgument);
+  BlockAllocator empty(0);
+  EXPECT_FALSE(empty.allocate().has_value());
+}
+
+TEST(ServeSim, ShortRunIsFiniteAndReturnsEveryPage) {
+  metrale::cli::ServeSimConfig c;
+  c.shape.num_q_heads = 8;
+  c.shape.num_kv_heads = 2;
+  c.shape.head_dim = 64;
+  c.budget_mib = 0.25;
+  c.num_requests = 12;
+  c.prompt_min = 8;
+  c.prompt_max = 60;
+  c.output_min = 4;
+  c.output_max = 24;
+  for (metrale::KvFormat f : {metrale::KvFormat::bf16, metrale::KvFormat::fp8_e4m3, metrale::KvFormat::nvfp4}) {
+    SCOPED_TRACE(metrale::to_string(f));
+    const metrale::cli::ServeSimResult r = metrale::cli::run_serve_sim(c, f);
+    EXPECT_EQ(r.finished + r.rejected, c.num_requests);
+    EXPECT_EQ(r.rejected, 0);
+    EXPECT_GT(r.decode_tokens, 0);
+    EXPECT_EQ(r.nonfinite, 0);
+    EXPECT_EQ(r.final_used_blocks, 0);
+    EXPECT_LE(r.peak_used_blocks, r.num_blocks);
+    EXPECT_GE(r.peak_seqs, 1);
+  }
+}
+
+TEST(ServeSim, SmallerFormatsHoldMoreSequencesInTheSameBudget) {
+  metrale::cli::ServeSimConfig c;
+  c.shape.num_q_heads = 8;
+  c.shape.num_kv_heads = 2;
+  c.shape.head_dim = 64;
+  c.budget_mib = 0.5;
+  c.num_requests = 24;
+  c.arrival_rate = 4.0;
+  const auto bf16 = metrale::cli::run_serve_sim(c, metrale::KvFormat::bf16);
+  const auto nvfp4 = metrale::cli::run_serve_sim(c, metrale::KvFormat::nvfp4);
+  EXPECT_GT(nvfp4.num_blocks, 3 * bf16.num_blocks);
+  EXPECT_GT(nvfp4.peak_seqs, bf16.peak_seqs);
+  EXPECT_LT(nvfp4.steps, bf16.steps);
+}
+
+// The schedule depends only on the request stream and the budget, so the
+// CUDA store must reproduce the CPU run step for step, with finite outputs.
+TEST(ServeSim, GpuRunSchedulesLikeTheCpuRun) {
+  if (!metrale::cuda::available()) GTEST_SKIP() << "no sm_90 GPU";
+  metrale::cli::ServeSimConfig c;
+  c.budget_mib = 1.0;
+  c.num_requests = 10;
+  c.prompt_max = 100;
+  c.output_max = 40;
+  for (metrale::KvFormat f : {metrale::KvFormat::bf16, metrale::KvFormat::fp8_e4m3, metrale::KvFormat::nvfp4}) {
+    SCOPED_TRACE(metrale::to_string(f));
+    const auto cpu = metrale::cli::run_serve_sim(c, f, false, /*use_gpu=*/false);
+    const auto gpu = metrale::cli::run_serve_sim(c, f, false, /*use_gpu=*/true);
+    EXPECT_EQ(gpu.steps, cpu.steps);
+    EXPECT_EQ(gpu.decode_tokens, cpu.decode_tokens);
+    EXPECT_EQ(gpu.preemptions, cpu.preemptions);
+    EXPECT_EQ(gpu.peak_used_blocks, cpu.peak_used_blocks);
+    EXPECT_EQ(gpu.nonfinite, 0);
+    EXPECT_EQ(gpu.final_used_blocks, 0);
+  }
+}
+
+TEST(ServeSim, RejectsABudgetWithoutAPage) {
+  metrale::cli::ServeSimConfig c;
+  c.budget_mib = 1e-6;
+  EXPECT_THROW(metrale::cli::run_serve_sim(c, metrale::KvFormat::bf16), std::invalid_argument);
+}
+
+}  // namespace
+
+#else
+TEST(BlockAllocator, NeedsTheTools) { GTEST_SKIP() << "tools/ not built (METRALE_BUILD_TOOLS=OFF)"; }
+#endif

@@ -1,0 +1,84 @@
+// `metrale accuracy` (tools/metrale/accuracy.hpp) on a small batch on the CPU
+// backend: every output finite, and the error ordered as the formats' bits
+// are (bf16 < fp8 < nvfp4); a per-tensor second scale g does not hurt NVFP4
+// on average. Also the model-like data keeps its promised structure.
+#include <gtest/gtest.h>
+
+#if __has_include("accuracy.hpp")  // tools/ is built (METRALE_BUILD_TOOLS)
+#include <cmath>
+
+#include "accuracy.hpp"
+#include "metrale/cpu.hpp"
+#include "metrale/cuda.hpp"
+#include "realistic_kv.hpp"
+
+namespace {
+
+using namespace metrale;
+using namespace metrale::cli;
+
+TEST(MetraleCliAccuracy, ErrorsAreFiniteAndOrderedByFormat) {
+  AccuracyOptions o;
+  o.seqs = 3;
+  o.max_len = 300;
+  const AccuracyReport r = run_accuracy(o);
+  ASSERT_EQ(r.rows.size(), 6u);
+  for (const AccuracyRow& row : r.rows) {
+    SCOPED_TRACE(std::string(to_string(row.format)) + " " + row.calibration);
+    EXPECT_EQ(row.error.nonfinite, 0);
+    EXPECT_GT(row.error.blocks, 0);
+    EXPECT_TRUE(std::isfinite(row.error.max_rel_l2));
+  }
+  const AccuracyRow &bf16 = r.rows[0], &fp8 = r.rows[1], &nvfp4_g1 = r.rows[3], &nvfp4_g = r.rows[4];
+  EXPECT_LT(bf16.error.max_rel_l2, 1e-2);  // output rounding only
+  EXPECT_LT(bf16.error.mean_rel_l2, fp8.error.mean_rel_l2);
+  EXPECT_LT(fp8.error.mean_rel_l2, nvfp4_g.error.mean_rel_l2);
+  EXPECT_LT(nvfp4_g.error.mean_rel_l2, 1.1 * nvfp4_g1.error.mean_rel_l2);
+  EXPECT_EQ(nvfp4_g1.scales.k_global_scale, 1.0f);
+  EXPECT_FLOAT_EQ(nvfp4_g.scales.k_global_scale, r.k_absmax / (448.0f * 6.0f));
+  EXPECT_FLOAT_EQ(fp8.scales.k_scale, r.k_absmax / 448.0f);
+}
+
+// The GPU must give the same table up to rounding (same codes and scales,
+// outputs within the library's 1e-2 of each other).
+TEST(MetraleCliAccuracy, GpuGivesTheCpuNumbersUpToRounding) {
+  if (!cuda::available()) GTEST_SKIP() << "no sm_90 GPU";
+  AccuracyOptions o;
+  o.seqs = 3;
+  o.max_len = 300;
+  const AccuracyReport cpu_rep = run_accuracy(o);
+  o.use_gpu = true;
+  const AccuracyReport gpu_rep = run_accuracy(o);
+  ASSERT_EQ(cpu_rep.rows.size(), gpu_rep.rows.size());
+  for (size_t i = 0; i < cpu_rep.rows.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(gpu_rep.rows[i].error.nonfinite, 0);
+    EXPECT_NEAR(gpu_rep.rows[i].error.mean_rel_l2, cpu_rep.rows[i].error.mean_rel_l2, 5e-3);
+    EXPECT_NEAR(gpu_rep.rows[i].error.max_rel_l2, cpu_rep.rows[i].error.max_rel_l2, 1e-2);
+  }
+}
+
+TEST(MetraleCliAccuracy, RealisticKeysHaveOutliersAndDependOnlyOnSeeds) {
+  LayerShape shape;
+  HostBatch a = make_batch(shape, 2, 64, 5), b = make_batch(shape, 2, 64, 5);
+  RealisticKv model;
+  fill_realistic(a, model, 9);
+  fill_realistic(b, model, 9);
+  ASSERT_EQ(a.key.size(), b.key.size());
+  for (size_t i = 0; i < a.key.size(); ++i) ASSERT_EQ(a.key[i].bits, b.key[i].bits) << i;
+  // K's absmax is far above its typical magnitude (outlier channels); V's is not.
+  float k_max = 0.0f, v_max = 0.0f;
+  double k_sq = 0.0;
+  cpu::bf16_absmax(a.key.data(), a.num_tokens(), a.kv_row(), a.kv_row(), &k_max);
+  cpu::bf16_absmax(a.value.data(), a.num_tokens(), a.kv_row(), a.kv_row(), &v_max);
+  for (const bf16 x : a.key) k_sq += double(codec::bf16_to_float(x)) * codec::bf16_to_float(x);
+  const double k_rms = std::sqrt(k_sq / double(a.key.size()));
+  EXPECT_GT(k_max, 8.0 * k_rms);
+  EXPECT_GT(v_max, 0.0f);
+}
+
+}  // namespace
+
+#else
+TEST(MetraleCliAccuracy, NeedsTheTools) { GTEST_SKIP() << "tools/ not built (METRALE_BUILD_TOOLS=OFF)"; }
+#endif

@@ -1,0 +1,148 @@
+// `metrale accuracy` (the comparison is accuracy.hpp): one table row per
+// format and calibration choice.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "accuracy.hpp"
+#include "metrale/cpu.hpp"
+#include "metrale/cuda.hpp"
+#include "subcommands.hpp"
+#include "table.hpp"
+
+namespace metrale::cli {
+namespace {
+
+struct Options {
+  AccuracyOptions acc;
+  bool force_cpu = false;
+  int32_t threads = 0;
+  OutputFiles out;
+};
+
+// The per-tensor scale a row's format uses (fp8: scale; nvfp4: g), "-" for none.
+std::string scale_str(const AccuracyRow& r, bool k) {
+  if (r.format == KvFormat::fp8_e4m3) return format("%.4g", k ? r.scales.k_scale : r.scales.v_scale);
+  if (r.format == KvFormat::nvfp4) return format("%.4g", k ? r.scales.k_global_scale : r.scales.v_global_scale);
+  return "-";
+}
+
+int run(Options& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.threads > 0) cpu::set_num_threads(o.threads);
+  std::string reason;
+  const std::string backend = pick_backend(o.force_cpu, &reason);
+  o.acc.use_gpu = backend == "cuda";
+  const std::string device =
+      o.acc.use_gpu ? cuda::device_info().name : format("CPU reference backend, %d threads", int(cpu::num_threads()));
+  const LayerShape& s = o.acc.shape;
+  std::printf("metrale accuracy: attention-output error of FP8 and NVFP4 KV caches against the BF16 cache\n");
+  std::printf("  one Qwen3-8B-shaped layer (%d q / %d kv heads, head_dim %d, page %d) on model-like K/V:\n",
+              s.num_q_heads, s.num_kv_heads, s.head_dim, s.block_size);
+  std::printf("  %d outlier channels per kv head in K (6-15x), RoPE (theta %.0e), per-head scales over ~7x\n",
+              o.acc.model.outlier_channels, o.acc.model.rope_theta);
+  std::printf("backend: %s%s\n", device.c_str(), reason.empty() ? "" : (" (no GPU run: " + reason + ")").c_str());
+  std::fflush(stdout);
+
+  const AccuracyReport rep = run_accuracy(o.acc);
+  long long tokens = 0;
+  for (int32_t l : rep.seq_lens) tokens += l;
+  std::printf(
+      "batch: %zu sequences, %s tokens; absmax K %.3g, V %.3g; calibration batch (same model, other\n"
+      "  tokens): absmax K %.3g, V %.3g\n\n",
+      rep.seq_lens.size(), with_commas(tokens).c_str(), rep.k_absmax, rep.v_absmax, rep.calib_k_absmax,
+      rep.calib_v_absmax);
+
+  TextTable t({"format", "calibration", "KV B/token", "K scale", "V scale", "clipped", "max err", "mean err"},
+              {TextTable::Align::left, TextTable::Align::left});
+  std::vector<std::vector<std::string>> csv;
+  nlohmann::json rows = nlohmann::json::array();
+  int status = 0;
+  for (const AccuracyRow& r : rep.rows) {
+    const bool bad = r.error.nonfinite > 0;
+    if (bad) status = 2;
+    t.add_row({to_string(r.format), r.calibration, format("%.0f", r.kv_bytes_per_token), scale_str(r, true),
+               scale_str(r, false), with_commas(r.clipped),
+               bad ? format("%lld NaN/Inf", (long long)r.error.nonfinite) : format("%.2e", r.error.max_rel_l2),
+               bad ? "-" : format("%.2e", r.error.mean_rel_l2)});
+    csv.push_back({backend, to_string(r.format), r.calibration, format("%.0f", r.kv_bytes_per_token),
+                   format("%.9g", r.scales.k_scale), format("%.9g", r.scales.v_scale),
+                   format("%.9g", r.scales.k_global_scale), format("%.9g", r.scales.v_global_scale),
+                   std::to_string(r.clipped), format("%.6e", r.error.max_rel_l2), format("%.6e", r.error.mean_rel_l2),
+                   std::to_string(r.error.nonfinite)});
+    rows.push_back({{"format", to_string(r.format)},
+                    {"calibration", r.calibration},
+                    {"kv_bytes_per_token", r.kv_bytes_per_token},
+                    {"k_scale", r.scales.k_scale},
+                    {"v_scale", r.scales.v_scale},
+                    {"k_global_scale", r.scales.k_global_scale},
+                    {"v_global_scale", r.scales.v_global_scale},
+                    {"clipped", r.clipped},
+                    {"num_splits", r.num_splits},
+                    {"max_rel_l2", r.error.max_rel_l2},
+                    {"mean_rel_l2", r.error.mean_rel_l2},
+                    {"blocks_compared", r.error.blocks},
+                    {"nonfinite", r.error.nonfinite}});
+  }
+  std::fputs(t.render().c_str(), stdout);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "\nmax/mean err: rel. L2 error ||out - ref||2 / ||ref||2 per (sequence, q head), max and mean over the\n"
+      "  blocks; ref is float64 attention over the ORIGINAL bf16 K/V rows, so the bf16 row is the output\n"
+      "  rounding alone and the others add what their cache costs.\n"
+      "K/V scale: fp8 per-tensor scale (absmax / 448); nvfp4 per-tensor second scale g (absmax / 2688).\n"
+      "clipped: K and V values of the batch past the calibrated absmax (they saturate in the cache).\n"
+      "done in %.1f s\n",
+      secs);
+
+  nlohmann::json j;
+  j["command"] = "accuracy";
+  j["backend"] = backend;
+  j["device"] = device;
+  if (!reason.empty()) j["cpu_reason"] = reason;
+  j["shape"] = {{"num_q_heads", s.num_q_heads},
+                {"num_kv_heads", s.num_kv_heads},
+                {"head_dim", s.head_dim},
+                {"block_size", s.block_size}};
+  j["model"] = {{"model_seed", o.acc.model.model_seed},
+                {"rope_theta", o.acc.model.rope_theta},
+                {"outlier_channels", o.acc.model.outlier_channels}};
+  j["seed"] = o.acc.seed;
+  j["seq_lens"] = rep.seq_lens;
+  j["absmax"] = {{"k", rep.k_absmax}, {"v", rep.v_absmax}};
+  j["calibration_absmax"] = {{"k", rep.calib_k_absmax}, {"v", rep.calib_v_absmax}};
+  j["rows"] = rows;
+  j["seconds"] = secs;
+  o.out.write(j,
+              {"backend", "format", "calibration", "kv_bytes_per_token", "k_scale", "v_scale", "k_global_scale",
+               "v_global_scale", "clipped", "max_rel_l2", "mean_rel_l2", "nonfinite"},
+              csv);
+  return status;
+}
+
+}  // namespace
+
+void add_accuracy_command(CLI::App& app, int* status) {
+  auto o = std::make_shared<Options>();
+  CLI::App* sub = app.add_subcommand(
+      "accuracy", "Attention-output error of FP8 and NVFP4 caches vs BF16 on model-like K/V, per calibration choice");
+  sub->add_flag("--cpu", o->force_cpu, "Use the CPU reference backend even when a GPU is usable");
+  sub->add_option("--seqs", o->acc.seqs, "Sequences in the batch")->check(CLI::Range(1, 1024))->capture_default_str();
+  sub->add_option("--max-len", o->acc.max_len, "Longest sequence; the others are shorter")
+      ->check(CLI::Range(1, 1 << 18))
+      ->capture_default_str();
+  sub->add_option("--outliers", o->acc.model.outlier_channels, "Outlier channels per kv head in K")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  sub->add_option("--model-seed", o->acc.model.model_seed, "Seed of the model (head scales, outlier channels)")
+      ->capture_default_str();
+  sub->add_option("--seed", o->acc.seed, "Seed of the batch's tokens (the calibration batch uses seed + 1)")
+      ->capture_default_str();
+  sub->add_option("--threads", o->threads, "CPU backend threads (0: all cores)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  o->out.add_to(sub);
+  sub->callback([o, status] { *status = run(*o); });
+}
+
+}  // namespace metrale::cli

@@ -1,0 +1,258 @@
+// The continuous-batching simulation (see serve_sim.hpp).
+#include "serve_sim.hpp"
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "block_allocator.hpp"
+#include "kv_setup.hpp"
+#include "metrale/cpu.hpp"
+#include "progress.hpp"
+#include "sim_store.hpp"
+
+namespace metrale::cli {
+namespace {
+
+struct Request {
+  int32_t arrival = 0;  // step at which it enters the queue
+  int32_t prompt = 0;
+  int32_t output = 0;
+};
+
+// One request stream per seed, identical for every format.
+std::vector<Request> make_requests(const ServeSimConfig& c) {
+  std::mt19937_64 rng(c.seed);
+  std::exponential_distribution<double> gap(c.arrival_rate);
+  std::uniform_int_distribution<int32_t> prompt(c.prompt_min, c.prompt_max), output(c.output_min, c.output_max);
+  std::vector<Request> reqs;
+  double t = 0.0;
+  for (int32_t i = 0; i < c.num_requests; ++i) {
+    t += gap(rng);
+    Request r;
+    r.arrival = int32_t(t);
+    r.prompt = prompt(rng);
+    r.output = output(rng);
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+// Random bf16 rows like the demo's (host_batch.cpp): bell-shaped in [-2, 2],
+// and in K a few channels 12x larger. Their content only has to be plausible
+// (the simulation measures capacity and speed; `metrale accuracy` measures error).
+class RowSource {
+ public:
+  explicit RowSource(uint64_t seed) : rng_(seed) {}
+  void fill(bf16* dst, int64_t rows, int64_t row_len, bool outliers) {
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    for (int64_t i = 0; i < rows * row_len; ++i) {
+      const float x = u(rng_) + u(rng_) + u(rng_) + u(rng_);
+      dst[i] = codec::float_to_bf16(outliers && (i % row_len) % 41 == 7 ? 12.0f * x : x);
+    }
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+struct Seq {
+  int32_t req = 0;              // index into the request stream
+  int32_t len = 0;              // tokens in the cache
+  std::vector<int32_t> blocks;  // pages, in order: the sequence's block-table row
+};
+
+int32_t blocks_for(int32_t tokens, int32_t block_size) { return (tokens + block_size - 1) / block_size; }
+
+// The per-tensor scales, calibrated once on a separate batch of rows, as an
+// engine does before serving.
+KvScales calibrate(const ServeSimConfig& cfg, KvFormat format) {
+  RowSource calib(cfg.seed ^ 0xca11b7a7e5ull);
+  const int64_t n = 256, row = int64_t(cfg.shape.num_kv_heads) * cfg.shape.head_dim;
+  AlignedVector<bf16> k(size_t(n * row)), v(size_t(n * row));
+  calib.fill(k.data(), n, row, true);
+  calib.fill(v.data(), n, row, false);
+  float ka = 0.0f, va = 0.0f;
+  cpu::bf16_absmax(k.data(), n, row, row, &ka);
+  cpu::bf16_absmax(v.data(), n, row, row, &va);
+  return scales_from_absmax(format, ka, va);
+}
+
+void check_config(const ServeSimConfig& c) {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("serve-sim: " + what);
+  };
+  need(c.num_layers >= 1, "--layers must be >= 1");
+  need(c.budget_mib > 0, "--budget-mib must be > 0");
+  need(c.num_requests >= 0, "--requests must be >= 0");
+  need(c.arrival_rate > 0, "--arrival-rate must be > 0");
+  need(c.prompt_min >= 1 && c.prompt_min <= c.prompt_max, "need 1 <= prompt min <= prompt max");
+  need(c.output_min >= 1 && c.output_min <= c.output_max, "need 1 <= output min <= output max");
+  need(c.max_seqs >= 1, "--max-seqs must be >= 1");
+}
+
+}  // namespace
+
+ServeSimResult run_serve_sim(const ServeSimConfig& cfg, KvFormat format, bool progress, bool use_gpu) {
+  check_config(cfg);
+  ServeSimResult res;
+  res.format = format;
+  const int32_t B = cfg.shape.block_size;
+  res.block_bytes = 2 * make_layout(format, cfg.shape, 1).page_stride_bytes * cfg.num_layers;
+  res.num_blocks = int64_t(cfg.budget_mib * double(1 << 20)) / res.block_bytes;
+  if (res.num_blocks < 1)
+    throw std::invalid_argument("serve-sim: --budget-mib holds no page of " + std::to_string(res.block_bytes) +
+                                " bytes");
+  if (res.num_blocks > INT32_MAX) throw std::invalid_argument("serve-sim: --budget-mib too large");
+
+  SimStoreSpec spec;
+  spec.shape = cfg.shape;
+  spec.num_layers = cfg.num_layers;
+  spec.layout = make_layout(format, cfg.shape, res.num_blocks);
+  spec.scales = calibrate(cfg, format);
+  const std::unique_ptr<SimStore> store = use_gpu ? make_cuda_store(spec) : make_cpu_store(spec);
+  BlockAllocator alloc(int32_t(res.num_blocks));
+  // Admission keeps ~1% of the pages free so running sequences can grow
+  // without immediate preemption (vLLM's watermark).
+  const int32_t watermark = std::max<int32_t>(1, alloc.total() / 100);
+  const std::vector<Request> reqs = make_requests(cfg);
+  std::vector<int32_t> generated(reqs.size(), 0), first_admit(reqs.size(), -1);
+  std::deque<int32_t> waiting;  // request ids; preempted ones go back to the front
+  std::vector<Seq> running;     // admission order: the last is the youngest
+  RowSource rows(cfg.seed + 17);
+  const int64_t kv_row = spec.kv_row(), q_row = spec.q_row();
+  AlignedVector<bf16> key, value, q;
+  std::vector<int64_t> slots;
+  std::vector<int32_t> tables, lens;
+  size_t next_req = 0;
+  int64_t admitted = 0, wait_sum = 0, seq_sum = 0, used_sum = 0, saturated_sum = 0;
+  Progress bar(std::string("serve-sim ") + to_string(format), cfg.num_requests);
+
+  auto release = [&](Seq& s) {
+    for (int32_t b : s.blocks) alloc.free(b);
+    s.blocks.clear();
+  };
+
+  while (res.finished + res.rejected < cfg.num_requests && res.steps < cfg.max_steps) {
+    const int32_t step = res.steps;
+    while (next_req < reqs.size() && reqs[next_req].arrival <= step) waiting.push_back(int32_t(next_req++));
+
+    // Admission: first come, first served, while the prompt plus the first
+    // generated token fit above the watermark.
+    while (!waiting.empty() && int32_t(running.size()) < cfg.max_seqs) {
+      const int32_t r = waiting.front();
+      const int32_t ctx = reqs[size_t(r)].prompt + generated[size_t(r)];  // a preempted one recomputes its output too
+      const int32_t need = blocks_for(ctx + 1, B);
+      if (need > alloc.total()) {  // can never fit: reject rather than block the queue forever
+        waiting.pop_front();
+        ++res.rejected;
+        continue;
+      }
+      if (alloc.num_free() < need + (running.empty() ? 0 : watermark)) break;
+      waiting.pop_front();
+      Seq s;
+      s.req = r;
+      s.len = ctx;
+      slots.clear();
+      for (int32_t pos = 0; pos < ctx; ++pos) {
+        if (pos % B == 0) s.blocks.push_back(*alloc.allocate());  // checked above: enough pages are free
+        slots.push_back(int64_t(s.blocks.back()) * B + pos % B);
+      }
+      key.resize(size_t(ctx * kv_row));
+      value.resize(key.size());
+      rows.fill(key.data(), ctx, kv_row, true);
+      rows.fill(value.data(), ctx, kv_row, false);
+      store->write(key.data(), value.data(), slots.data(), int64_t(slots.size()));
+      res.prefill_tokens += ctx;
+      if (first_admit[size_t(r)] < 0) {
+        first_admit[size_t(r)] = step;
+        wait_sum += step - reqs[size_t(r)].arrival;
+        ++admitted;
+      }
+      running.push_back(std::move(s));
+    }
+
+    // Growth: a sequence whose last page is full needs a new one; when none
+    // is free the youngest sequence is preempted (its pages freed, its
+    // request requeued at the front to be recomputed).
+    for (size_t i = 0; i < running.size();) {
+      if (running[i].len % B != 0) {
+        ++i;
+        continue;
+      }
+      if (std::optional<int32_t> b = alloc.allocate()) {
+        running[i].blocks.push_back(*b);
+        ++i;
+        continue;
+      }
+      Seq& victim = running.back();
+      release(victim);
+      waiting.push_front(victim.req);
+      running.pop_back();
+      ++res.preemptions;
+      // If the victim was sequence i itself, the loop ends; else retry i.
+    }
+
+    if (!running.empty()) {
+      // One new token per running sequence: write its K/V, then decode.
+      const size_t n = running.size();
+      slots.clear();
+      lens.clear();
+      int32_t max_blocks = 0;
+      for (Seq& s : running) {
+        slots.push_back(int64_t(s.blocks[size_t(s.len / B)]) * B + s.len % B);
+        lens.push_back(++s.len);
+        max_blocks = std::max(max_blocks, int32_t(s.blocks.size()));
+      }
+      key.resize(n * size_t(kv_row));
+      value.resize(key.size());
+      q.resize(n * size_t(q_row));
+      rows.fill(key.data(), int64_t(n), kv_row, true);
+      rows.fill(value.data(), int64_t(n), kv_row, false);
+      rows.fill(q.data(), int64_t(n), q_row, false);
+      store->write(key.data(), value.data(), slots.data(), int64_t(slots.size()));
+      tables.assign(n * size_t(max_blocks), 0);
+      for (size_t i = 0; i < n; ++i)
+        std::copy(running[i].blocks.begin(), running[i].blocks.end(), &tables[i * max_blocks]);
+      res.nonfinite += store->decode(q.data(), tables.data(), max_blocks, lens.data(), int32_t(n));
+      res.decode_tokens += int64_t(n);
+
+      res.peak_seqs = std::max(res.peak_seqs, int32_t(n));
+      seq_sum += int64_t(n);
+      res.peak_used_blocks = std::max<int64_t>(res.peak_used_blocks, alloc.num_used());
+      used_sum += alloc.num_used();
+      if (!waiting.empty()) {
+        saturated_sum += int64_t(n);
+        ++res.saturated_steps;
+      }
+
+      // Retire the sequences that produced their last token.
+      for (size_t i = 0; i < running.size();) {
+        Seq& s = running[i];
+        if (++generated[size_t(s.req)] >= reqs[size_t(s.req)].output) {
+          release(s);
+          running.erase(running.begin() + std::ptrdiff_t(i));
+          ++res.finished;
+        } else {
+          ++i;
+        }
+      }
+    }
+    ++res.steps;
+    if (progress) bar.update(res.finished + res.rejected);
+  }
+  for (Seq& s : running) release(s);  // only when max_steps stopped the run early
+
+  res.mean_seqs = res.steps ? double(seq_sum) / res.steps : 0.0;
+  res.saturated_seqs = res.saturated_steps ? double(saturated_sum) / res.saturated_steps : 0.0;
+  res.mean_used_blocks = res.steps ? double(used_sum) / res.steps : 0.0;
+  res.mean_wait_steps = admitted ? double(wait_sum) / double(admitted) : 0.0;
+  res.library_seconds = store->seconds();
+  res.final_used_blocks = alloc.num_used();
+  return res;
+}
+
+}  // namespace metrale::cli
