@@ -1,0 +1,620 @@
+// _metrale: the private nanobind extension under the `metrale` Python package.
+//
+// Thin on purpose: every function takes arrays as nb::ndarray (DLPack, the
+// buffer protocol: torch, CuPy, JAX, NumPy), checks dtype / shape / strides /
+// device and dispatches to metrale::cpu (host arrays) or metrale::cuda (CUDA
+// arrays, on the stream handle passed in, never synchronising). The typed,
+// documented API lives in python/metrale/__init__.py.
+//
+// Errors: metrale::InvalidArgument (and Unsupported) -> ValueError,
+// metrale::CudaError -> metrale.CudaError (a RuntimeError); argument checks
+// done here raise ValueError / TypeError naming the argument.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/optional.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+
+#include "metrale/metrale.hpp"
+
+namespace nb = nanobind;
+using namespace metrale;
+
+namespace {
+
+using In = nb::ndarray<nb::ro>;  // any dtype / device / shape; read-only arrays accepted
+using Out = nb::ndarray<>;       // written to: must be writable
+
+enum class Dev { cpu, cuda };
+struct Where {
+  Dev dev = Dev::cpu;
+  int32_t id = 0;
+  bool operator==(const Where& o) const { return dev == o.dev && (dev == Dev::cpu || id == o.id); }
+  bool operator!=(const Where& o) const { return !(*this == o); }
+};
+
+std::string where_str(const Where& w) { return w.dev == Dev::cpu ? std::string("cpu") : "cuda:" + std::to_string(w.id); }
+
+template <class... T>
+[[noreturn]] void value_error(const T&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  throw nb::value_error(os.str().c_str());
+}
+template <class... T>
+[[noreturn]] void type_error(const T&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  throw nb::type_error(os.str().c_str());
+}
+
+std::string dtype_str(nb::dlpack::dtype t) {
+  using C = nb::dlpack::dtype_code;
+  std::string base;
+  switch (C(t.code)) {
+    case C::Int: base = "int"; break;
+    case C::UInt: base = "uint"; break;
+    case C::Float: base = "float"; break;
+    case C::Bfloat: base = "bfloat"; break;
+    case C::Complex: base = "complex"; break;
+    case C::Bool: return "bool";
+    default: base = "dtype" + std::to_string(int(t.code)) + "_"; break;
+  }
+  std::string s = base + std::to_string(int(t.bits));
+  if (t.lanes != 1) s += "x" + std::to_string(int(t.lanes));
+  return s;
+}
+
+template <class A>
+std::string shape_str(const A& a) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << a.shape(i);
+  if (a.ndim() == 1) os << ",";
+  os << ")";
+  return os.str();
+}
+template <class A>
+std::string strides_str(const A& a) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << a.stride(i);
+  os << ") elements";
+  return os.str();
+}
+
+template <class A>
+Where where_of(const A& a, const char* name) {
+  const int dt = a.device_type();
+  if (dt == nb::device::cpu::value) return {Dev::cpu, 0};
+  if (dt == nb::device::cuda::value) return {Dev::cuda, a.device_id()};
+  value_error("'", name, "': unsupported DLPack device type ", dt, "; expected a CPU (NumPy) or CUDA array");
+}
+
+// All arrays of one call must live on one device; returns it.
+struct DeviceCheck {
+  bool set = false;
+  Where w;
+  const char* first = nullptr;
+  template <class A>
+  void add(const A& a, const char* name) {
+    const Where here = where_of(a, name);
+    if (!set) {
+      set = true;
+      w = here;
+      first = name;
+    } else if (here != w) {
+      value_error("'", name, "' is on ", where_str(here), " but '", first, "' is on ", where_str(w),
+                  "; expected all arrays on one device");
+    }
+  }
+};
+
+template <class A>
+bool is_dtype(const A& a, nb::dlpack::dtype_code code, int bits) {
+  return a.dtype().code == uint8_t(code) && a.dtype().bits == bits && a.dtype().lanes == 1;
+}
+template <class A>
+void check_bf16(const A& a, const char* name) {
+  using C = nb::dlpack::dtype_code;
+  if (!(is_dtype(a, C::Bfloat, 16) || is_dtype(a, C::UInt, 16) || is_dtype(a, C::Int, 16)))
+    type_error("'", name, "': expected dtype bfloat16 (torch.bfloat16, or uint16 bf16 bit patterns for NumPy), got ",
+               dtype_str(a.dtype()));
+}
+template <class A>
+void check_dtype(const A& a, const char* name, nb::dlpack::dtype_code code, int bits, const char* what) {
+  if (!is_dtype(a, code, bits)) type_error("'", name, "': expected dtype ", what, ", got ", dtype_str(a.dtype()));
+}
+
+template <class A>
+bool c_contiguous(const A& a) {
+  for (size_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) == 0) return true;  // empty: strides are meaningless (often reported as 0)
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
+    expect *= a.shape(i);
+  }
+  return true;
+}
+template <class A>
+void check_contiguous(const A& a, const char* name) {
+  if (!c_contiguous(a))
+    value_error("'", name, "': expected a C-contiguous array, got shape ", shape_str(a), " strides ", strides_str(a));
+}
+template <class A>
+int64_t nbytes(const A& a) {
+  int64_t n = 1;
+  for (size_t i = 0; i < a.ndim(); ++i) n *= a.shape(i);
+  return n * (a.dtype().bits / 8) * a.dtype().lanes;
+}
+
+// bf16 rows of H*D contiguous values: [rows, H*D] or [rows, H, D], row stride free.
+struct Rows {
+  const void* ptr;
+  int64_t num_rows;
+  int64_t stride;  // elements
+};
+template <class A>
+Rows bf16_rows(const A& a, const char* name, int64_t heads, int64_t dim) {
+  check_bf16(a, name);
+  const int64_t row = heads * dim;
+  bool ok = false;
+  if (a.ndim() >= 1 && a.shape(0) == 0) {
+    ok = (a.ndim() == 2 && a.shape(1) == row) || (a.ndim() == 3 && a.shape(1) == heads && a.shape(2) == dim);
+  } else if (a.ndim() == 2) {
+    ok = a.shape(1) == row && (row == 1 || a.stride(1) == 1);
+  } else if (a.ndim() == 3) {
+    ok = a.shape(1) == heads && a.shape(2) == dim && (dim == 1 || a.stride(2) == 1) &&
+         (heads == 1 || a.stride(1) == dim);
+  }
+  if (!ok)
+    value_error("'", name, "': expected shape (rows, ", heads, ", ", dim, ") or (rows, ", row,
+                ") with each row's values contiguous, got shape ", shape_str(a), " strides ", strides_str(a));
+  const int64_t n = a.shape(0);
+  int64_t stride = a.stride(0);
+  if (n <= 1) stride = (row + 7) / 8 * 8;
+  if (stride < row || stride % 8 != 0)
+    value_error("'", name, "': row stride ", stride, " elements; expected >= ", row,
+                " and a multiple of 8 (16-byte aligned rows)");
+  return Rows{a.data(), n, stride};
+}
+
+template <class A>
+void check_cache_buffer(const A& a, const char* name, const KvCacheLayout& layout) {
+  check_contiguous(a, name);
+  if (nbytes(a) < layout.cache_bytes())
+    value_error("'", name, "': ", nbytes(a), " bytes; expected at least layout.cache_bytes() = ", layout.cache_bytes());
+}
+
+// Makes the array's CUDA device current for the duration of a call.
+struct DeviceGuard {
+  int prev = -1;
+  explicit DeviceGuard(const Where& w) {
+    if (w.dev != Dev::cuda) return;
+    int cur = 0;
+    if (cudaGetDevice(&cur) != cudaSuccess) throw CudaError("metrale: cudaGetDevice failed (no usable CUDA device?)");
+    if (cur != w.id) {
+      if (cudaSetDevice(w.id) != cudaSuccess) throw CudaError("metrale: cudaSetDevice failed");
+      prev = cur;
+    }
+  }
+  ~DeviceGuard() {
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+};
+
+cuda::Stream as_stream(uintptr_t s) { return reinterpret_cast<cuda::Stream>(s); }
+
+using ScalesTuple = std::tuple<float, float, float, float>;  // k_scale, v_scale, k_global_scale, v_global_scale
+
+template <class K, class V>
+KvCacheView make_view(const KvCacheLayout& layout, const K& k, const V& v, const ScalesTuple& s) {
+  check_cache_buffer(k, "k_cache", layout);
+  check_cache_buffer(v, "v_cache", layout);
+  KvCacheView view;
+  view.layout = layout;
+  view.k = const_cast<void*>(k.data());
+  view.v = const_cast<void*>(v.data());
+  view.scales.k_scale = std::get<0>(s);
+  view.scales.v_scale = std::get<1>(s);
+  view.scales.k_global_scale = std::get<2>(s);
+  view.scales.v_global_scale = std::get<3>(s);
+  return view;
+}
+
+// ---- operations ----
+
+int64_t reshape_and_cache(const In& key, const In& value, const In& slot_mapping, const KvCacheLayout& layout,
+                          const Out& k_cache, const Out& v_cache, const ScalesTuple& scales,
+                          std::optional<Out> skipped, uintptr_t stream) {
+  layout.validate();
+  DeviceCheck dc;
+  dc.add(key, "key");
+  dc.add(value, "value");
+  dc.add(slot_mapping, "slot_mapping");
+  dc.add(k_cache, "k_cache");
+  dc.add(v_cache, "v_cache");
+  if (skipped) dc.add(*skipped, "skipped");
+  const Rows kr = bf16_rows(key, "key", layout.num_kv_heads, layout.head_dim);
+  const Rows vr = bf16_rows(value, "value", layout.num_kv_heads, layout.head_dim);
+  check_dtype(slot_mapping, "slot_mapping", nb::dlpack::dtype_code::Int, 64, "int64");
+  if (slot_mapping.ndim() != 1 || slot_mapping.shape(0) != kr.num_rows || !c_contiguous(slot_mapping))
+    value_error("'slot_mapping': expected a contiguous int64 array of shape (", kr.num_rows,
+                ",) (one slot per key row), got shape ", shape_str(slot_mapping));
+  if (vr.num_rows != kr.num_rows)
+    value_error("'value': ", vr.num_rows, " rows; expected ", kr.num_rows, " (as many as 'key')");
+  int32_t* skipped_ptr = nullptr;
+  if (skipped) {
+    check_dtype(*skipped, "skipped", nb::dlpack::dtype_code::Int, 32, "int32");
+    if (nbytes(*skipped) < 4) value_error("'skipped': expected an int32 array of at least 1 element");
+    skipped_ptr = static_cast<int32_t*>(skipped->data());
+  }
+  CacheWriteArgs a;
+  a.key = static_cast<const bf16*>(kr.ptr);
+  a.key_stride = kr.stride;
+  a.value = static_cast<const bf16*>(vr.ptr);
+  a.value_stride = vr.stride;
+  a.slot_mapping = static_cast<const int64_t*>(slot_mapping.data());
+  a.num_tokens = kr.num_rows;
+  a.cache = make_view(layout, k_cache, v_cache, scales);
+  a.skipped = skipped_ptr;
+  if (a.num_tokens == 0) return 0;
+  if (dc.w.dev == Dev::cpu) {
+    nb::gil_scoped_release nogil;
+    return cpu::reshape_and_cache(a);
+  }
+  DeviceGuard g(dc.w);
+  cuda::reshape_and_cache(a, as_stream(stream));
+  return -1;
+}
+
+void bf16_absmax(const In& x, const Out& absmax, uintptr_t stream) {
+  DeviceCheck dc;
+  dc.add(x, "x");
+  dc.add(absmax, "absmax");
+  check_bf16(x, "x");
+  check_dtype(absmax, "absmax", nb::dlpack::dtype_code::Float, 32, "float32");
+  if (nbytes(absmax) < 4) value_error("'absmax': expected a float32 array of at least 1 element");
+  // Rows: the last dimension contiguous; leading dimensions collapse when
+  // they are contiguous over it; otherwise a 2-D view is required.
+  int64_t num_rows = 1, row_len = 1, row_stride = 1;
+  if (x.ndim() == 0) {
+    row_len = 1;
+  } else if (c_contiguous(x)) {
+    row_len = 1;
+    for (size_t i = 0; i < x.ndim(); ++i) row_len *= x.shape(i);
+    row_stride = row_len;
+  } else {
+    // Trailing dims (all but the first) must be contiguous.
+    int64_t expect = 1;
+    bool ok = true;
+    for (size_t i = x.ndim(); i-- > 1;) {
+      if (x.shape(i) != 1 && x.stride(i) != expect) ok = false;
+      expect *= x.shape(i);
+    }
+    if (!ok || x.stride(0) < expect)
+      value_error("'x': expected rows of contiguous values (only the first dimension strided), got shape ",
+                  shape_str(x), " strides ", strides_str(x));
+    num_rows = x.shape(0);
+    row_len = expect;
+    row_stride = x.stride(0);
+  }
+  const bf16* p = static_cast<const bf16*>(x.data());
+  float* out = static_cast<float*>(absmax.data());
+  if (num_rows * row_len == 0) return;
+  if (dc.w.dev == Dev::cpu) {
+    nb::gil_scoped_release nogil;
+    cpu::bf16_absmax(p, num_rows, row_len, row_stride, out);
+    return;
+  }
+  DeviceGuard g(dc.w);
+  cuda::bf16_absmax(p, num_rows, row_len, row_stride, out, as_stream(stream));
+}
+
+enum DecodeKind { kSinglePass = 0, kSplitK = 1, kRun = 2 };
+
+void decode(int kind, const In& q, int32_t num_q_heads, const KvCacheLayout& layout, const In& k_cache,
+            const In& v_cache, const ScalesTuple& scales, const In& block_tables, const In& seq_lens,
+            int32_t sliding_window, float sm_scale, const Out& out, std::optional<Out> workspace, int32_t num_splits,
+            uintptr_t stream) {
+  layout.validate();
+  DeviceCheck dc;
+  dc.add(q, "q");
+  dc.add(k_cache, "k_cache");
+  dc.add(v_cache, "v_cache");
+  dc.add(block_tables, "block_tables");
+  dc.add(seq_lens, "seq_lens");
+  if (kind != kSplitK) dc.add(out, "out");
+  if (workspace) dc.add(*workspace, "workspace");
+  const int64_t D = layout.head_dim;
+  if (num_q_heads <= 0 || num_q_heads % layout.num_kv_heads != 0)
+    value_error("'num_q_heads' = ", num_q_heads, "; expected a positive multiple of the cache's num_kv_heads = ",
+                layout.num_kv_heads, " (GQA: num_q_heads % num_kv_heads == 0)");
+  const Rows qr = bf16_rows(q, "q", num_q_heads, D);
+  const int64_t num_seqs = qr.num_rows;
+
+  check_dtype(block_tables, "block_tables", nb::dlpack::dtype_code::Int, 32, "int32");
+  if (block_tables.ndim() != 2 || block_tables.shape(0) != num_seqs || block_tables.shape(1) < 1 ||
+      !c_contiguous(block_tables))
+    value_error("'block_tables': expected a C-contiguous int32 array of shape (num_seqs = ", num_seqs,
+                ", max_blocks_per_seq >= 1), got shape ", shape_str(block_tables));
+  check_dtype(seq_lens, "seq_lens", nb::dlpack::dtype_code::Int, 32, "int32");
+  if (seq_lens.ndim() != 1 || seq_lens.shape(0) != num_seqs || !c_contiguous(seq_lens))
+    value_error("'seq_lens': expected a contiguous int32 array of shape (", num_seqs, ",), got shape ",
+                shape_str(seq_lens));
+
+  DecodeArgs a;
+  a.q = static_cast<const bf16*>(qr.ptr);
+  a.q_stride = qr.stride;
+  a.num_seqs = int32_t(num_seqs);
+  a.num_q_heads = num_q_heads;
+  a.cache = make_view(layout, k_cache, v_cache, scales);
+  a.block_tables = static_cast<const int32_t*>(block_tables.data());
+  a.max_blocks_per_seq = int32_t(block_tables.shape(1));
+  a.seq_lens = static_cast<const int32_t*>(seq_lens.data());
+  a.sliding_window = sliding_window;
+  a.sm_scale = sm_scale;
+
+  if (kind != kSplitK) {
+    check_bf16(out, "out");
+    const bool shape_ok = (out.ndim() == 3 && out.shape(0) == num_seqs && out.shape(1) == num_q_heads &&
+                           out.shape(2) == D) ||
+                          (out.ndim() == 2 && out.shape(0) == num_seqs && out.shape(1) == num_q_heads * D);
+    if (!shape_ok)
+      value_error("'out': expected shape (", num_seqs, ", ", num_q_heads, ", ", D, "), got shape ", shape_str(out));
+    check_contiguous(out, "out");
+    a.out = static_cast<bf16*>(out.data());
+  }
+
+  SplitKWorkspace ws;
+  ws.num_splits = num_splits;
+  if (kind == kSplitK || (kind == kRun && num_splits > 1)) {
+    if (!workspace) value_error("'workspace': required when num_splits = ", num_splits, " > 1");
+    check_dtype(*workspace, "workspace", nb::dlpack::dtype_code::Float, 32, "float32");
+    check_contiguous(*workspace, "workspace");
+    ws.data = static_cast<float*>(workspace->data());
+    ws.bytes = size_t(nbytes(*workspace));
+    const size_t need = splitk_workspace_bytes(a.num_seqs, num_q_heads, int32_t(D), num_splits);
+    if (ws.bytes < need)
+      value_error("'workspace': ", ws.bytes, " bytes; expected at least ", need,
+                  " (num_seqs * num_q_heads * num_splits * (head_dim + 2) float32)");
+    if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
+      value_error("'workspace': data pointer not 16-byte aligned; expected a 16-byte aligned float32 array");
+    // The split-K pass writes no output; the library still wants a valid
+    // pointer there, and the workspace is one that is never written through it.
+    if (kind == kSplitK) a.out = reinterpret_cast<bf16*>(ws.data);
+  }
+  if (num_seqs == 0) return;
+
+  if (dc.w.dev == Dev::cpu) {
+    nb::gil_scoped_release nogil;
+    if (kind == kSinglePass) cpu::paged_decode_attn(a);
+    else if (kind == kSplitK) cpu::paged_decode_attn_splitk(a, ws);
+    else cpu::run_decode(DecodePlan{num_splits, ws.bytes}, a, ws);
+    return;
+  }
+  DeviceGuard g(dc.w);
+  const cuda::Stream s = as_stream(stream);
+  if (kind == kSinglePass) cuda::paged_decode_attn(a, s);
+  else if (kind == kSplitK) cuda::paged_decode_attn_splitk(a, ws, s);
+  else cuda::run_decode(DecodePlan{num_splits, ws.bytes}, a, ws, s);
+}
+
+void reduce(const In& workspace, int32_t num_q_heads, int32_t head_dim, int32_t num_splits, const Out& out,
+            uintptr_t stream) {
+  DeviceCheck dc;
+  dc.add(workspace, "workspace");
+  dc.add(out, "out");
+  check_dtype(workspace, "workspace", nb::dlpack::dtype_code::Float, 32, "float32");
+  check_contiguous(workspace, "workspace");
+  check_bf16(out, "out");
+  check_contiguous(out, "out");
+  if (out.ndim() < 1) value_error("'out': expected shape (num_seqs, ", num_q_heads, ", ", head_dim, ")");
+  const int64_t num_seqs = out.shape(0);
+  const bool shape_ok =
+      (out.ndim() == 3 && out.shape(1) == num_q_heads && out.shape(2) == head_dim) ||
+      (out.ndim() == 2 && out.shape(1) == int64_t(num_q_heads) * head_dim);
+  if (!shape_ok)
+    value_error("'out': expected shape (num_seqs, ", num_q_heads, ", ", head_dim, "), got shape ", shape_str(out));
+  ReduceArgs r;
+  r.workspace = static_cast<const float*>(workspace.data());
+  r.workspace_bytes = size_t(nbytes(workspace));
+  r.num_seqs = int32_t(num_seqs);
+  r.num_q_heads = num_q_heads;
+  r.head_dim = head_dim;
+  r.num_splits = num_splits;
+  r.out = static_cast<bf16*>(out.data());
+  if (num_seqs == 0) return;
+  if (dc.w.dev == Dev::cpu) {
+    nb::gil_scoped_release nogil;
+    cpu::paged_decode_attn_reduce(r);
+    return;
+  }
+  DeviceGuard g(dc.w);
+  cuda::paged_decode_attn_reduce(r, as_stream(stream));
+}
+
+void validate_tables(const KvCacheLayout& layout, const In& block_tables, const In& seq_lens, int32_t sliding_window) {
+  if (where_of(block_tables, "block_tables").dev != Dev::cpu || where_of(seq_lens, "seq_lens").dev != Dev::cpu)
+    value_error("validate_block_tables: expected host (CPU) copies of 'block_tables' and 'seq_lens'");
+  check_dtype(block_tables, "block_tables", nb::dlpack::dtype_code::Int, 32, "int32");
+  check_dtype(seq_lens, "seq_lens", nb::dlpack::dtype_code::Int, 32, "int32");
+  check_contiguous(block_tables, "block_tables");
+  check_contiguous(seq_lens, "seq_lens");
+  if (block_tables.ndim() != 2 || seq_lens.ndim() != 1 || block_tables.shape(0) != seq_lens.shape(0))
+    value_error("'block_tables' / 'seq_lens': expected shapes (num_seqs, max_blocks_per_seq) and (num_seqs,), got ",
+                shape_str(block_tables), " and ", shape_str(seq_lens));
+  if (seq_lens.shape(0) == 0) return;
+  validate_block_tables(layout, static_cast<const int32_t*>(block_tables.data()), int32_t(block_tables.shape(1)),
+                        static_cast<const int32_t*>(seq_lens.data()), int32_t(seq_lens.shape(0)), sliding_window);
+}
+
+// An nb::ndarray over the memory an object describes with
+// __cuda_array_interface__ (Numba, older CuPy, ...): nanobind reads DLPack and
+// the buffer protocol only. Keeps `obj` alive; bf16 has no CAI typestr, so
+// bf16 data comes as '<u2' (bit patterns) or through DLPack.
+// CUDA device of a device pointer (0 for nullptr).
+int pointer_device(uintptr_t ptr) {
+  if (ptr == 0) return 0;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(ptr)) != cudaSuccess) {
+    cudaGetLastError();
+    throw CudaError("metrale: cudaPointerGetAttributes failed for a __cuda_array_interface__ pointer");
+  }
+  return attr.device;
+}
+
+nb::ndarray<> from_cuda_array_interface(nb::handle obj) {
+  nb::dict cai = nb::cast<nb::dict>(obj.attr("__cuda_array_interface__"));
+  const nb::tuple data = nb::cast<nb::tuple>(cai["data"]);
+  const uintptr_t ptr = nb::cast<uintptr_t>(data[0]);
+  const std::string typestr = nb::cast<std::string>(cai["typestr"]);
+  const nb::tuple shape_t = nb::cast<nb::tuple>(cai["shape"]);
+  const size_t ndim = nb::len(shape_t);
+  if (ndim > 8) value_error("__cuda_array_interface__: ", ndim, " dimensions; expected at most 8");
+  nb::dlpack::dtype dt;
+  if (typestr.size() < 3 || (typestr[0] != '<' && typestr[0] != '|'))
+    type_error("__cuda_array_interface__: typestr '", typestr, "'; expected a little-endian type");
+  const char kind = typestr[1];
+  const int bytes = std::stoi(typestr.substr(2));
+  dt.bits = uint8_t(bytes * 8);
+  dt.lanes = 1;
+  if (kind == 'u') dt.code = uint8_t(nb::dlpack::dtype_code::UInt);
+  else if (kind == 'i') dt.code = uint8_t(nb::dlpack::dtype_code::Int);
+  else if (kind == 'f') dt.code = uint8_t(nb::dlpack::dtype_code::Float);
+  else type_error("__cuda_array_interface__: typestr '", typestr, "'; expected an integer or float type");
+  size_t shape[8];
+  int64_t strides[8];
+  for (size_t i = 0; i < ndim; ++i) shape[i] = nb::cast<size_t>(shape_t[i]);
+  const bool has_strides = cai.contains("strides") && !cai["strides"].is_none();
+  if (has_strides) {
+    const nb::tuple st = nb::cast<nb::tuple>(cai["strides"]);
+    for (size_t i = 0; i < ndim; ++i) {
+      const int64_t b = nb::cast<int64_t>(st[i]);
+      if (b % bytes != 0) value_error("__cuda_array_interface__: stride of ", b, " bytes is not a whole element");
+      strides[i] = b / bytes;
+    }
+  } else {
+    int64_t e = 1;
+    for (size_t i = ndim; i-- > 0;) {
+      strides[i] = e;
+      e *= int64_t(shape[i]);
+    }
+  }
+  const int device = pointer_device(ptr);
+  return nb::ndarray<>(reinterpret_cast<void*>(ptr), ndim, shape, obj, strides, dt, nb::device::cuda::value, device);
+}
+
+}  // namespace
+
+NB_MODULE(_metrale, m) {
+  m.doc() = "metrale private extension; use the `metrale` package";
+
+  static nb::object cuda_error = nb::borrow(PyExc_RuntimeError);
+  cuda_error = nb::steal(PyErr_NewExceptionWithDoc("metrale.CudaError",
+                                                   "The CUDA runtime reported an error (no device, launch failure).",
+                                                   PyExc_RuntimeError, nullptr));
+  m.attr("CudaError") = cuda_error;
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const metrale::InvalidArgument& e) {  // includes Unsupported
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const metrale::CudaError& e) {
+      PyErr_SetString(cuda_error.ptr(), e.what());
+    } catch (const metrale::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  nb::enum_<KvFormat>(m, "KvFormat")
+      .value("bf16", KvFormat::bf16)
+      .value("fp8_e4m3", KvFormat::fp8_e4m3)
+      .value("nvfp4", KvFormat::nvfp4);
+
+  nb::class_<KvCacheLayout>(m, "KvCacheLayout")
+      .def_static("bf16", &KvCacheLayout::bf16, nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("num_kv_heads"),
+                  nb::arg("head_dim"))
+      .def_static("fp8", &KvCacheLayout::fp8, nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("num_kv_heads"),
+                  nb::arg("head_dim"), nb::arg("cache_stride_elems") = 0)
+      .def_static("nvfp4", &KvCacheLayout::nvfp4, nb::arg("num_blocks"), nb::arg("block_size"),
+                  nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("block_stride_bytes") = 0,
+                  nb::arg("data_section_bytes") = 0)
+      .def_ro("format", &KvCacheLayout::format)
+      .def_ro("num_blocks", &KvCacheLayout::num_blocks)
+      .def_ro("block_size", &KvCacheLayout::block_size)
+      .def_ro("num_kv_heads", &KvCacheLayout::num_kv_heads)
+      .def_ro("head_dim", &KvCacheLayout::head_dim)
+      .def_ro("page_stride_bytes", &KvCacheLayout::page_stride_bytes)
+      .def_ro("data_section_bytes", &KvCacheLayout::data_section_bytes)
+      .def("validate", &KvCacheLayout::validate)
+      .def_prop_ro("capacity_slots", &KvCacheLayout::capacity_slots)
+      .def_prop_ro("cache_bytes", &KvCacheLayout::cache_bytes)
+      .def_prop_ro("kv_bytes_per_token", &KvCacheLayout::kv_bytes_per_token)
+      .def("__repr__", [](const KvCacheLayout& l) {
+        std::ostringstream os;
+        os << "KvCacheLayout(format=" << to_string(l.format) << ", num_blocks=" << l.num_blocks
+           << ", block_size=" << l.block_size << ", num_kv_heads=" << l.num_kv_heads << ", head_dim=" << l.head_dim
+           << ", page_stride_bytes=" << l.page_stride_bytes << ", data_section_bytes=" << l.data_section_bytes << ")";
+        return os.str();
+      });
+
+  m.def("fp8_scale_from_absmax", &fp8_scale_from_absmax, nb::arg("absmax"));
+  m.def("nvfp4_global_scale_from_absmax", &nvfp4_global_scale_from_absmax, nb::arg("absmax"));
+  m.def("splitk_workspace_bytes", &splitk_workspace_bytes, nb::arg("num_seqs"), nb::arg("num_q_heads"),
+        nb::arg("head_dim"), nb::arg("num_splits"));
+  m.def("max_splits", []() { return kMaxSplits; });
+
+  m.def(
+      "plan_decode",
+      [](int32_t num_seqs, int32_t num_q_heads, const KvCacheLayout& layout, int32_t max_seq_len,
+         int32_t sliding_window, int32_t num_sms) {
+        DecodeProblem p;
+        p.num_seqs = num_seqs;
+        p.num_q_heads = num_q_heads;
+        p.layout = layout;
+        p.max_seq_len = max_seq_len;
+        p.sliding_window = sliding_window;
+        const DecodePlan plan = plan_decode(p, num_sms);
+        return std::make_tuple(plan.num_splits, plan.workspace_bytes);
+      },
+      nb::arg("num_seqs"), nb::arg("num_q_heads"), nb::arg("layout"), nb::arg("max_seq_len"),
+      nb::arg("sliding_window"), nb::arg("num_sms"));
+
+  m.def("cpu_num_threads", &cpu::num_threads);
+  m.def("cpu_set_num_threads", &cpu::set_num_threads, nb::arg("n"));
+  m.def("cuda_available", &cuda::available);
+  m.def(
+      "cuda_device_info",
+      [](int32_t device) {
+        DeviceGuard g(Where{Dev::cuda, device});
+        const cuda::DeviceInfo d = cuda::device_info();
+        return std::make_tuple(d.device, d.num_sms, d.major, d.minor, d.l2_bytes, d.name);
+      },
+      nb::arg("device"));
+
+  m.def("from_cuda_array_interface", &from_cuda_array_interface, nb::arg("obj"));
+  m.def("cuda_pointer_device", &pointer_device, nb::arg("ptr"));
+  m.def("reshape_and_cache", &reshape_and_cache, nb::arg("key"), nb::arg("value"), nb::arg("slot_mapping"),
+        nb::arg("layout"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("skipped").none(),
+        nb::arg("stream"));
+  m.def("bf16_absmax", &bf16_absmax, nb::arg("x"), nb::arg("absmax"), nb::arg("stream"));
+  m.def("decode", &decode, nb::arg("kind"), nb::arg("q"), nb::arg("num_q_heads"), nb::arg("layout"),
+        nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("block_tables"), nb::arg("seq_lens"),
+        nb::arg("sliding_window"), nb::arg("sm_scale"), nb::arg("out"), nb::arg("workspace").none(),
+        nb::arg("num_splits"), nb::arg("stream"));
+  m.def("reduce", &reduce, nb::arg("workspace"), nb::arg("num_q_heads"), nb::arg("head_dim"), nb::arg("num_splits"),
+        nb::arg("out"), nb::arg("stream"));
+  m.def("validate_block_tables", &validate_tables, nb::arg("layout"), nb::arg("block_tables"), nb::arg("seq_lens"),
+        nb::arg("sliding_window"));
+}

@@ -1,0 +1,500 @@
+"""The metrale Python package on the CPU backend, against NumPy float64
+references written here (metrale_ref.py). Inputs are random, redrawn per run
+(seed printed on failure), with a few large-magnitude K channels."""
+
+import math
+import zlib
+import os
+
+import numpy as np
+import pytest
+
+import metrale
+import metrale_ref as ref
+
+SEED = int(os.environ.get("METRALE_TEST_SEED", np.random.SeedSequence().entropy % (2**32)))
+
+
+@pytest.fixture
+def rng(request):
+    seed = (SEED + zlib.crc32(request.node.name.encode())) % (2**32)
+    print(f"seed {seed} (METRALE_TEST_SEED={SEED})")
+    return np.random.default_rng(seed)
+
+
+def make_kv(rng, n, H, D, outlier_channels=3):
+    k = rng.standard_normal((n, H, D)).astype(np.float32)
+    v = rng.standard_normal((n, H, D)).astype(np.float32)
+    ch = rng.choice(D, outlier_channels, replace=False)
+    k[:, :, ch] *= 12.0
+    return ref.bf16_bits(k), ref.bf16_bits(v)
+
+
+class Batch:
+    """A paged batch: random lengths, shuffled pages, K/V written through the cache."""
+
+    def __init__(self, rng, fmt, *, num_seqs=5, Hq=8, Hkv=2, D=64, B=16, max_len=150, num_layers=1,
+                 calibrate=True, lens=None, qkv_fused=False):
+        self.fmt, self.B, self.D, self.Hq, self.Hkv = fmt, B, D, Hq, Hkv
+        self.seq_lens = np.asarray(lens if lens is not None else rng.integers(0, max_len + 1, num_seqs),
+                                   dtype=np.int32)
+        self.seq_lens[0] = max_len  # at least one long sequence
+        num_seqs = len(self.seq_lens)
+        mb = max(1, -(-int(self.seq_lens.max()) // B))
+        num_blocks = num_seqs * mb + 3
+        self.cache = metrale.PagedKVCache(fmt, num_blocks, B, Hkv, D, num_layers=num_layers)
+        pages = rng.permutation(num_blocks)[: num_seqs * mb].astype(np.int32)
+        self.block_tables = pages.reshape(num_seqs, mb).copy()
+        slots = []
+        for i in range(num_seqs):
+            pos = np.arange(int(self.seq_lens[i]))
+            slots.append(self.block_tables[i, pos // B].astype(np.int64) * B + pos % B)
+        self.slots = np.concatenate(slots) if slots else np.zeros(0, np.int64)
+        n = len(self.slots)
+        self.k_bits, self.v_bits = make_kv(rng, n, Hkv, D)
+        if qkv_fused:  # K and V as strided column slices of one fused QKV row block
+            qkv = np.zeros((n, (Hq + 2 * Hkv) * D + 8), dtype=np.uint16)
+            qkv[:, Hq * D:(Hq + Hkv) * D] = self.k_bits.reshape(n, -1)
+            qkv[:, (Hq + Hkv) * D:(Hq + 2 * Hkv) * D] = self.v_bits.reshape(n, -1)
+            self.key = qkv[:, Hq * D:(Hq + Hkv) * D]
+            self.value = qkv[:, (Hq + Hkv) * D:(Hq + 2 * Hkv) * D]
+        else:
+            self.key, self.value = self.k_bits, self.v_bits
+        if calibrate:
+            self.cache.calibrate(self.key, self.value)
+        for layer in range(num_layers):
+            assert self.cache.write(layer, self.key, self.value, self.slots) == 0
+        self.q = ref.bf16_bits(rng.standard_normal((num_seqs, Hq, D)))
+
+    def dequant(self, layer=0):
+        s = self.cache.scales(layer)
+        lay = self.cache.layout
+        kf = ref.dequant_cache(self.fmt, self.cache.k(layer), lay, s["k_scale"], s["k_global_scale"])
+        vf = ref.dequant_cache(self.fmt, self.cache.v(layer), lay, s["v_scale"], s["v_global_scale"])
+        return kf, vf
+
+    def reference(self, sliding_window=0, layer=0, sm_scale=None):
+        kf, vf = self.dequant(layer)
+        sm = 1 / math.sqrt(self.D) if sm_scale is None else sm_scale
+        return ref.decode_ref(self.q, kf, vf, self.block_tables, self.seq_lens, self.B, sm, sliding_window)
+
+
+def poisoned_out(n, Hq, D):
+    return np.full((n, Hq, D), 0x7FC1, dtype=np.uint16)  # bf16 NaN everywhere
+
+
+def check_out(out_bits, expect, tol=1e-2):
+    out = ref.bf16_value(out_bits)
+    assert np.all(np.isfinite(out)), "output has NaN/Inf (unwritten or bad)"
+    err = ref.rel_err_blocks(out, expect)
+    assert err <= tol, f"relative L2 error {err:.3g} > {tol}"
+
+
+FORMATS = ["bf16", "fp8", "nvfp4"]
+
+
+# ---------------------------------------------------------------- decode
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("window", [0, 37])
+@pytest.mark.parametrize("Hq,Hkv,D,B", [(8, 2, 64, 16), (4, 4, 128, 32), (16, 2, 256, 16)])
+def test_decode_single_pass(rng, fmt, window, Hq, Hkv, D, B):
+    b = Batch(rng, fmt, Hq=Hq, Hkv=Hkv, D=D, B=B, max_len=120 if D < 256 else 70)
+    out = poisoned_out(len(b.seq_lens), Hq, D)
+    r = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, out, sliding_window=window)
+    assert r is out
+    check_out(out, b.reference(window))
+    assert np.all(ref.bf16_value(out[b.seq_lens == 0]) == 0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_planner_runs_every_layer(rng, fmt):
+    b = Batch(rng, fmt, num_seqs=4, max_len=300, num_layers=2, Hq=8, Hkv=2)
+    plan = metrale.Planner(len(b.seq_lens), 8, b.cache.layout, int(b.seq_lens.max()), 0, "cpu")
+    assert plan.num_splits >= 1 and plan.workspace_bytes >= 0
+    assert (plan.workspace is None) == (plan.num_splits == 1)
+    for layer in range(2):
+        out = poisoned_out(len(b.seq_lens), 8, 64)
+        plan.run(b.q, b.cache.layer(layer), b.block_tables, b.seq_lens, out)
+        check_out(out, b.reference(layer=layer))
+
+
+def test_planner_splits_a_long_small_batch_and_runs_it(rng):
+    metrale.set_cpu_num_threads(8)
+    try:
+        b = Batch(rng, "fp8", num_seqs=1, lens=[2000], max_len=2000, Hq=4, Hkv=4, D=64, B=16)
+        plan = metrale.Planner(1, 4, b.cache, 2000, device="cpu")
+        assert plan.num_splits > 1, plan
+        assert plan.workspace_bytes == metrale.splitk_workspace_bytes(1, 4, 64, plan.num_splits)
+        out = plan.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sm_scale=0.1)
+        check_out(out, b.reference(sm_scale=0.1))
+    finally:
+        metrale.set_cpu_num_threads(os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7])
+@pytest.mark.parametrize("window", [0, 45])
+def test_splitk_equals_single_pass(rng, fmt, num_splits, window):
+    b = Batch(rng, fmt, num_seqs=4, max_len=200)
+    n = len(b.seq_lens)
+    single = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=window)
+    ws = np.full(metrale.splitk_workspace_bytes(n, 8, 64, num_splits) // 4, np.nan, dtype=np.float32)
+    metrale.decode_splitk(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, ws, num_splits,
+                          sliding_window=window)
+    out = poisoned_out(n, 8, 64)
+    metrale.decode_reduce(ws, out, num_splits)
+    expect = b.reference(window)
+    check_out(out, expect)
+    # Both are f32 accumulations rounded to bf16: equal to within a bf16 rounding or two.
+    a, s = ref.bf16_value(out), ref.bf16_value(single)
+    assert np.allclose(a, s, rtol=2 ** -7, atol=2e-3 * np.abs(s).max())
+
+
+def test_reduce_merges_states_from_anywhere(rng):
+    """Partial states written by NumPy (SYSTEM.md 4), including an empty split."""
+    S, Hq, D, P = 3, 4, 64, 3
+    o = rng.standard_normal((S, Hq, P, D)).astype(np.float32)
+    m = rng.standard_normal((S, Hq, P)).astype(np.float32) * 4
+    l = rng.uniform(0.5, 20, (S, Hq, P)).astype(np.float32)
+    m[:, :, 1] = -np.inf
+    l[:, :, 1] = 0
+    ws = np.concatenate([o, m[..., None], l[..., None]], axis=-1).reshape(-1)
+    out = poisoned_out(S, Hq, D)
+    metrale.decode_reduce(ws, out, P)
+    M = m.max(axis=-1, keepdims=True).astype(np.float64)
+    w = l * np.exp(m - M)
+    expect = (w[..., None] * o).sum(axis=2) / w.sum(axis=-1)[..., None]
+    check_out(out, expect)
+
+
+def test_strided_q_and_fused_qkv_rows(rng):
+    b = Batch(rng, "nvfp4", num_seqs=3, max_len=64, qkv_fused=True)
+    qkv = np.zeros((3, 8 * 64 + 4 * 64 + 8), dtype=np.uint16)
+    qkv[:, : 8 * 64] = b.q.reshape(3, -1)
+    q_view = qkv[:, : 8 * 64].reshape(3, 8, 64)  # rows strided, heads contiguous
+    out = metrale.decode(q_view, b.cache.layer(0), b.block_tables, b.seq_lens)
+    check_out(out, b.reference())
+
+
+def test_accepts_torch_cpu_tensors(rng):
+    torch = pytest.importorskip("torch")
+    b = Batch(rng, "bf16", num_seqs=3, max_len=50)
+    q = torch.from_numpy(b.q.view(np.int16)).view(torch.bfloat16)
+    out = torch.empty((3, 8, 64), dtype=torch.bfloat16)
+    metrale.decode(q, b.cache.layer(0), torch.from_numpy(b.block_tables), torch.from_numpy(b.seq_lens), out)
+    check_out(out.view(torch.int16).numpy().view(np.uint16), b.reference())
+
+
+# ---------------------------------------------------------------- cache writes
+
+
+def test_bf16_write_round_trip_exact(rng):
+    b = Batch(rng, "bf16", num_seqs=3, max_len=70, qkv_fused=True)
+    kf, vf = b.dequant()
+    for j, slot in enumerate(b.slots):
+        p, t = divmod(int(slot), b.B)
+        assert np.array_equal(kf[p, t], ref.bf16_value(b.k_bits[j]))
+        assert np.array_equal(vf[p, t], ref.bf16_value(b.v_bits[j]))
+
+
+def test_fp8_write_codes_bit_exact(rng):
+    b = Batch(rng, "fp8", num_seqs=3, max_len=70)
+    s = b.cache.scales(0)
+    lay = b.cache.layout
+    kc = b.cache.k(0)[:, : lay.block_size * 2 * 64].reshape(-1, lay.block_size, 2, 64)
+    vc = b.cache.v(0)[:, : lay.block_size * 2 * 64].reshape(-1, lay.block_size, 2, 64)
+    inv_k = np.float32(1.0) / np.float32(s["k_scale"])
+    inv_v = np.float32(1.0) / np.float32(s["v_scale"])
+    p, t = np.divmod(b.slots, b.B)
+    kx = (ref.bf16_value(b.k_bits).astype(np.float32) * inv_k).astype(np.float32)
+    vx = (ref.bf16_value(b.v_bits).astype(np.float32) * inv_v).astype(np.float32)
+    assert np.array_equal(kc[p, t], ref.e4m3_quant(kx))
+    assert np.array_equal(vc[p, t], ref.e4m3_quant(vx))
+
+
+def test_nvfp4_write_round_trip_within_format_error(rng):
+    b = Batch(rng, "nvfp4", num_seqs=3, max_len=70)
+    kf, _ = b.dequant()
+    p, t = np.divmod(b.slots, b.B)
+    x = ref.bf16_value(b.k_bits)
+    got = kf[p, t]
+    g = b.cache.scales(0)["k_global_scale"]
+    xs = x.reshape(len(x), 2, 4, 16)
+    gs = got.reshape(xs.shape)
+    amax = np.abs(xs).max(axis=-1, keepdims=True)
+    # half the widest E2M1 gap (4 -> 6) of a scale ~ amax / 6, plus the E4M3 rounding of the scale
+    bound = amax / 6 * (1.0 + 2 ** -3) * 1.0 + 0.07 * amax + 1e-6 * g
+    assert np.all(np.abs(gs - xs) <= bound)
+    rel = np.linalg.norm(gs - xs) / np.linalg.norm(xs)
+    assert rel < 0.15, rel
+
+
+def test_padding_and_out_of_capacity_slots(rng):
+    cache = metrale.PagedKVCache("fp8", 2, 16, 1, 64)
+    k, v = make_kv(rng, 4, 1, 64)
+    slots = np.array([0, -1, 32, 1000], dtype=np.int64)  # capacity 32
+    counter = np.zeros(1, dtype=np.int32)
+    assert cache.write(0, k, v, slots, skipped=counter) == 2
+    assert counter[0] == 2
+    kc = cache.k(0)
+    assert np.any(kc[0, :64] != 0)
+    assert np.all(kc[0, 64:] == 0) and np.all(kc[1] == 0)
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_bf16_absmax_and_fp8_calibration(rng):
+    k1, v1 = make_kv(rng, 40, 2, 64)
+    k2, v2 = make_kv(rng, 40, 2, 64)
+    k2[3, 1, 5] = ref.bf16_bits([-300.0])[0]
+    assert metrale.bf16_absmax(k1) == np.abs(ref.bf16_value(k1)).max()
+    acc = np.zeros(1, dtype=np.float32)
+    metrale.bf16_absmax(k1, acc)
+    metrale.bf16_absmax(k2[:, 1, :], acc)  # strided rows
+    assert acc[0] == max(np.abs(ref.bf16_value(k1)).max(), np.abs(ref.bf16_value(k2[:, 1])).max())
+
+    cache = metrale.PagedKVCache("fp8", 4, 16, 2, 64, num_layers=2)
+    cache.calibrate(k1, v1, layer=0)
+    cache.calibrate(k2, v2, layer=0)
+    ak = max(np.abs(ref.bf16_value(k1)).max(), np.abs(ref.bf16_value(k2)).max())
+    av = max(np.abs(ref.bf16_value(v1)).max(), np.abs(ref.bf16_value(v2)).max())
+    s = cache.scales(0)
+    assert s["k_scale"] == np.float32(ak) / np.float32(448) == np.float32(300) / np.float32(448)
+    assert s["v_scale"] == np.float32(av) / np.float32(448)
+    assert cache.scales(1)["k_scale"] == 1.0  # layer 1 untouched
+    assert cache.layer(0).k_scale == s["k_scale"]  # views follow the cache's scales
+
+
+def test_nvfp4_calibration_and_helpers(rng):
+    k, v = make_kv(rng, 30, 2, 64)
+    cache = metrale.PagedKVCache("nvfp4", 4, 16, 2, 64)
+    s = cache.calibrate(k, v)
+    ak = np.float32(np.abs(ref.bf16_value(k)).max())
+    assert s["k_global_scale"] == ak / np.float32(448 * 6)
+    assert s["k_global_scale"] == metrale.nvfp4_global_scale_from_absmax(float(ak))
+    assert s["k_scale"] == 1.0
+    assert metrale.fp8_scale_from_absmax(0.0) == 1.0
+    assert metrale.nvfp4_global_scale_from_absmax(0.0) == 1.0
+    assert metrale.fp8_scale_from_absmax(448.0) == 1.0
+
+
+def test_cache_sizes():
+    for fmt, bpt in (("bf16", 4096), ("fp8", 2048), ("nvfp4", 1152)):
+        c = metrale.PagedKVCache(fmt, 10, 16, 8, 128, num_layers=3)
+        assert c.bytes_per_token_per_layer == bpt
+        assert c.bytes_per_token == 3 * bpt
+        assert c.capacity == 160
+        assert c.k(2).shape == (10, c.layout.page_stride_bytes)
+        assert c.nbytes == 2 * 3 * c.layout.cache_bytes
+        assert len(list(c)) == 3
+    c = metrale.PagedKVCache("fp8", 10, 16, 8, 128, cache_stride=16 * 8 * 128 + 64)
+    assert c.layout.page_stride_bytes == 16 * 8 * 128 + 64
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def small(rng):
+    return Batch(rng, "fp8", num_seqs=3, max_len=40)
+
+
+def test_bad_q_dtype(small):
+    with pytest.raises(TypeError, match=r"'q'.*bfloat16.*float32"):
+        metrale.decode(small.q.astype(np.float32), small.cache.layer(0), small.block_tables, small.seq_lens)
+
+
+def test_bad_q_shape(small):
+    with pytest.raises(ValueError, match=r"'q'.*expected shape"):
+        metrale.decode(small.q[:, :, :32], small.cache.layer(0), small.block_tables, small.seq_lens)
+
+
+def test_bad_gqa_ratio(small):
+    q = np.zeros((3, 3, 64), dtype=np.uint16)
+    with pytest.raises(ValueError, match=r"num_q_heads.*3.*num_kv_heads = 2"):
+        metrale.decode(q, small.cache.layer(0), small.block_tables, small.seq_lens)
+    with pytest.raises(ValueError, match=r"num_q_heads.*num_kv_heads = 2"):
+        metrale.Planner(3, 5, small.cache.layout, 40)
+
+
+def test_bad_table_dtypes_and_shapes(small):
+    view = small.cache.layer(0)
+    with pytest.raises(TypeError, match=r"'block_tables'.*int32.*int64"):
+        metrale.decode(small.q, view, small.block_tables.astype(np.int64), small.seq_lens)
+    with pytest.raises(TypeError, match=r"'seq_lens'.*int32"):
+        metrale.decode(small.q, view, small.block_tables, small.seq_lens.astype(np.float32))
+    with pytest.raises(ValueError, match=r"'seq_lens'.*shape \(3,\)"):
+        metrale.decode(small.q, view, small.block_tables, small.seq_lens[:2])
+    with pytest.raises(ValueError, match=r"'block_tables'.*num_seqs = 3"):
+        metrale.decode(small.q, view, small.block_tables[:2], small.seq_lens)
+
+
+def test_bad_out(small):
+    view = small.cache.layer(0)
+    with pytest.raises(ValueError, match=r"'out'.*shape"):
+        metrale.decode(small.q, view, small.block_tables, small.seq_lens, np.zeros((3, 8, 32), np.uint16))
+    strided = np.zeros((3, 8, 128), np.uint16)[:, :, ::2]
+    with pytest.raises(ValueError, match=r"'out'"):
+        metrale.decode(small.q, view, small.block_tables, small.seq_lens, strided)
+    with pytest.raises(TypeError, match=r"'out'.*bfloat16"):
+        metrale.decode(small.q, view, small.block_tables, small.seq_lens, np.zeros((3, 8, 64), np.float32))
+
+
+def test_bad_workspace(small):
+    view = small.cache.layer(0)
+    need = metrale.splitk_workspace_bytes(3, 8, 64, 4)
+    ws = np.zeros(need // 4 - 1, np.float32)
+    with pytest.raises(ValueError, match=rf"'workspace'.*at least {need}"):
+        metrale.decode_splitk(small.q, view, small.block_tables, small.seq_lens, ws, 4)
+    with pytest.raises(TypeError, match=r"'workspace'.*float32"):
+        metrale.decode_splitk(small.q, view, small.block_tables, small.seq_lens, np.zeros(need, np.uint8), 4)
+    with pytest.raises(ValueError, match=r"num_splits"):
+        metrale.decode_splitk(small.q, view, small.block_tables, small.seq_lens, ws, 0)
+    with pytest.raises(ValueError, match=r"workspace_bytes"):
+        metrale.decode_reduce(ws, np.zeros((3, 8, 64), np.uint16), 4)
+
+
+def test_bad_alignment_and_strides(small):
+    view = small.cache.layer(0)
+    flat = np.zeros(3 * 8 * 64 + 1, np.uint16)
+    misaligned = flat[1:].reshape(3, 8, 64)
+    with pytest.raises(ValueError, match=r"'q'.*16-byte aligned"):
+        metrale.decode(misaligned, view, small.block_tables, small.seq_lens)
+    rows = np.zeros((3, 8 * 64 + 4), np.uint16)[:, : 8 * 64]  # row stride 516: not a multiple of 8
+    with pytest.raises(ValueError, match=r"'q'.*row stride 516.*multiple of 8"):
+        metrale.decode(rows, view, small.block_tables, small.seq_lens, num_q_heads=8)
+    k, v = make_kv(np.random.default_rng(1), 2, 2, 64)
+    with pytest.raises(ValueError, match=r"'key'.*contiguous"):
+        small.cache.write(0, np.ascontiguousarray(k.transpose(0, 2, 1)).transpose(0, 2, 1), v,
+                          np.zeros(2, np.int64))
+
+
+def test_bad_cache_arguments(small):
+    k, v = make_kv(np.random.default_rng(2), 2, 2, 64)
+    with pytest.raises(TypeError, match=r"'slot_mapping'.*int64.*int32"):
+        small.cache.write(0, k, v, np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match=r"'slot_mapping'.*shape \(2,\)"):
+        small.cache.write(0, k, v, np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match=r"'key'.*\(rows, 2, 64\)"):
+        small.cache.write(0, k[:, :1], v, np.zeros(2, np.int64))
+    lay = small.cache.layout
+    short = metrale.KVCacheView(lay, np.zeros(lay.cache_bytes - 16, np.uint8), small.cache.v(0))
+    with pytest.raises(ValueError, match=r"'k_cache'.*at least layout.cache_bytes"):
+        metrale.reshape_and_cache(k, v, np.zeros(2, np.int64), short)
+    with pytest.raises(ValueError, match=r"k_scale"):
+        small.cache.set_scales(k_scale=0.0)
+    with pytest.raises(TypeError, match=r"'key'.*array.*list"):
+        small.cache.write(0, [[1]], v, np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match=r"'layer' = 5"):
+        small.cache.layer(5)
+
+
+def test_bad_layouts():
+    with pytest.raises(ValueError, match=r"head_dim.*96.*64, 128, 256"):
+        metrale.PagedKVCache("bf16", 4, 16, 2, 96)
+    with pytest.raises(ValueError, match=r"block_size.*24"):
+        metrale.PagedKVCache("nvfp4", 4, 24, 2, 64)
+    with pytest.raises(ValueError, match=r"'format'.*'int4'"):
+        metrale.PagedKVCache("int4", 4, 16, 2, 64)
+    with pytest.raises(ValueError, match=r"'device'"):
+        metrale.PagedKVCache("fp8", 4, 16, 2, 64, device="tpu")
+
+
+def test_planner_checks(small):
+    plan = metrale.Planner(3, 8, small.cache.layout, 40)
+    other = metrale.PagedKVCache("bf16", 8, 16, 2, 64)
+    with pytest.raises(ValueError, match=r"'cache'.*does not match the planner"):
+        plan.run(small.q, other.layer(0), small.block_tables, small.seq_lens)
+    big_q = np.zeros((4, 8, 64), np.uint16)
+    with pytest.raises(ValueError, match=r"'q': 4 sequences; expected at most num_seqs = 3"):
+        plan.run(big_q, small.cache.layer(0), np.zeros((4, 3), np.int32), np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match=r"sliding_window"):
+        metrale.Planner(3, 8, small.cache.layout, 40, sliding_window=-1)
+
+
+def test_validate_block_tables(small):
+    metrale.validate_block_tables(small.cache.layout, small.block_tables, small.seq_lens)
+    bad = small.block_tables.copy()
+    bad[1, 0] = 10_000
+    lens = small.seq_lens.copy()
+    lens[1] = 5
+    with pytest.raises(ValueError, match=r"metrale"):
+        metrale.validate_block_tables(small.cache, bad, lens)
+
+
+def test_cuda_array_requires_gpu_gracefully():
+    assert isinstance(metrale.cuda_available(), bool)
+    if not metrale.cuda_available():
+        with pytest.raises((metrale.CudaError, RuntimeError)):
+            metrale.Planner(1, 8, metrale.make_layout("bf16", 4, 16, 2, 64), 10, device="cuda")
+
+
+def test_bf16_helpers_round_trip():
+    x = np.array([1.0, -2.5, 3.14159, 1e-3, 65504.0], dtype=np.float32)
+    b = metrale.to_bf16(x)
+    assert b.dtype == np.uint16
+    assert np.array_equal(b, ref.bf16_bits(x))
+    assert np.array_equal(metrale.from_bf16(b), ref.bf16_value(b).astype(np.float32))
+
+
+def test_user_buffers_and_calibrator(rng):
+    """A KVCacheView over caller-owned buffers (typed any way), calibrated by hand."""
+    lay = metrale.make_layout("fp8", 6, 16, 2, 64)
+    kbuf = np.zeros((6, 16, 2, 64), dtype=np.uint8)
+    vbuf = np.zeros(lay.cache_bytes, dtype=np.uint8)
+    k, v = make_kv(rng, 50, 2, 64)
+    cal = metrale.Calibrator()
+    cal.observe(k[:25], v[:25])
+    cal.observe(k[25:], v[25:])
+    ks, vs = cal.fp8_scales()
+    assert ks == np.float32(np.abs(ref.bf16_value(k)).max()) / np.float32(448)
+    view = metrale.KVCacheView(lay, kbuf, vbuf, k_scale=ks, v_scale=vs)
+    block_tables = np.array([[5, 0, 3, 1]], dtype=np.int32)
+    pos = np.arange(50)
+    slots = block_tables[0, pos // 16].astype(np.int64) * 16 + pos % 16
+    assert metrale.reshape_and_cache(k, v, slots, view) == 0
+    q = ref.bf16_bits(rng.standard_normal((1, 4, 64)))
+    seq_lens = np.array([50], dtype=np.int32)
+    out = metrale.decode(q, view, block_tables, seq_lens, sliding_window=20)
+    kf = ref.dequant_cache("fp8", kbuf.reshape(6, -1), lay, ks)
+    vf = ref.dequant_cache("fp8", vbuf.reshape(6, -1), lay, vs)
+    check_out(out, ref.decode_ref(q, kf, vf, block_tables, seq_lens, 16, 1 / 8, 20))
+
+
+def test_empty_batch():
+    cache = metrale.PagedKVCache("bf16", 2, 16, 2, 64)
+    out = metrale.decode(np.zeros((0, 4, 64), np.uint16), cache.layer(0), np.zeros((0, 1), np.int32),
+                         np.zeros(0, np.int32))
+    assert out.shape == (0, 4, 64)
+    assert cache.write(0, np.zeros((0, 2, 64), np.uint16), np.zeros((0, 2, 64), np.uint16),
+                       np.zeros(0, np.int64)) == 0
+
+
+def test_decode_path_never_imports_torch():
+    import subprocess
+    import sys
+    code = (
+        "import sys, numpy as np, metrale\n"
+        "c = metrale.PagedKVCache('fp8', 4, 16, 2, 64)\n"
+        "k = np.zeros((3, 2, 64), np.uint16)\n"
+        "c.calibrate(k, k); c.write(0, k, k, np.arange(3, dtype=np.int64))\n"
+        "p = metrale.Planner(1, 4, c.layout, 3)\n"
+        "p.run(np.zeros((1, 4, 64), np.uint16), c.layer(0), np.zeros((1, 1), np.int32), np.full(1, 3, np.int32))\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_read_only_inputs_are_accepted(rng):
+    b = Batch(rng, "bf16", num_seqs=2, max_len=40)
+    for a in (b.q, b.block_tables, b.seq_lens):
+        a.setflags(write=False)
+    out = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    check_out(out, b.reference())
+    ro_out = np.zeros((2, 8, 64), np.uint16)
+    ro_out.setflags(write=False)
+    with pytest.raises(ValueError, match=r"'out': read-only"):
+        metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, ro_out)
