@@ -390,9 +390,6 @@ void decode(int kind, const In& q, int32_t num_q_heads, const KvCacheLayout& lay
                   " (num_seqs * num_q_heads * num_splits * (head_dim + 2) float32)");
     if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
       value_error("'workspace': data pointer not 16-byte aligned; expected a 16-byte aligned float32 array");
-    // The split-K pass writes no output; the library still wants a valid
-    // pointer there, and the workspace is one that is never written through it.
-    if (kind == kSplitK) a.out = reinterpret_cast<bf16*>(ws.data);
   }
   if (num_seqs == 0) return;
 

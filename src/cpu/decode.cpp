@@ -99,7 +99,7 @@ void paged_decode_attn(const DecodeArgs& args) {
 }
 
 void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws) {
-  metrale::detail::validate_decode(args);
+  metrale::detail::validate_decode(args, /*writes_out=*/false);
   metrale::detail::validate_workspace(args, ws);
   if (args.num_seqs == 0) return;
   decode_splitk(args, ws.num_splits, ws.data);
@@ -109,6 +109,7 @@ void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws)
 // ws.bytes) and its own num_splits field is ignored.
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws) {
   ::metrale::detail::validate_plan(plan);
+  ::metrale::detail::validate_decode(args);  // everything, `out` included, before any work
   if (plan.num_splits == 1) {
     paged_decode_attn(args);
     return;

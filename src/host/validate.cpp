@@ -51,7 +51,7 @@ void validate_cache_write(const CacheWriteArgs& a) {
                     ">= num_kv_heads*head_dim = " + std::to_string(row) + " and a multiple of 8 elements");
 }
 
-void validate_decode(const DecodeArgs& a) {
+void validate_decode(const DecodeArgs& a, bool writes_out) {
   METRALE_CHECK_ARG(a.num_seqs >= 0, "num_seqs", a.num_seqs, ">= 0");
   validate_cache_view(a.cache);
   const int32_t hkv = a.cache.layout.num_kv_heads, d = a.cache.layout.head_dim;
@@ -62,7 +62,7 @@ void validate_decode(const DecodeArgs& a) {
   METRALE_CHECK_ARG(a.max_blocks_per_seq > 0, "max_blocks_per_seq", a.max_blocks_per_seq, "> 0");
   if (a.num_seqs == 0) return;
   check_ptr(a.q, "q", true);
-  check_ptr(a.out, "out", true);
+  if (writes_out) check_ptr(a.out, "out", true);
   check_ptr(a.block_tables, "block_tables", false);
   check_ptr(a.seq_lens, "seq_lens", false);
   METRALE_CHECK_ARG(a.q_stride >= int64_t(a.num_q_heads) * d && a.q_stride % 8 == 0, "q_stride", a.q_stride,

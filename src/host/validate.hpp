@@ -10,7 +10,9 @@ namespace metrale::detail {
 
 void validate_cache_view(const KvCacheView& cache);
 void validate_cache_write(const CacheWriteArgs& args);
-void validate_decode(const DecodeArgs& args);
+// `writes_out`: false for the split-K pass, which writes the workspace only
+// (args.out may then be null).
+void validate_decode(const DecodeArgs& args, bool writes_out = true);
 void validate_workspace(const DecodeArgs& args, const SplitKWorkspace& ws);
 void validate_reduce(const ReduceArgs& args);
 void validate_plan(const DecodePlan& plan);

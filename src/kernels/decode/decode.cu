@@ -76,7 +76,7 @@ void paged_decode_attn(const DecodeArgs& args, Stream stream) {
 }
 
 void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
-  detail::validate_decode(args);
+  detail::validate_decode(args, /*writes_out=*/false);
   detail::validate_workspace(args, ws);
   if (args.num_seqs == 0) return;
   DecodeParams p = make_params(args);
@@ -90,6 +90,7 @@ void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws,
 // the memory.
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
   detail::validate_plan(plan);
+  detail::validate_decode(args);  // everything, `out` included, before any launch
   if (plan.num_splits == 1) return paged_decode_attn(args, stream);
   SplitKWorkspace w = ws;
   w.num_splits = plan.num_splits;
