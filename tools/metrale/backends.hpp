@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "decode_batch.hpp"
 #include "host_batch.hpp"
 #include "metrale/cache.hpp"
 #include "reference_f64.hpp"
@@ -24,6 +25,11 @@ struct FormatResult {
   double gbps = 0.0;                // GPU only: attended_bytes / time
   double ceiling_fraction = 0.0;    // GPU only: gbps / measured read ceiling
 };
+
+// Fills r.error (against `ref`, float64 over the original rows) and
+// r.kernel_error (against float64 over the cache `d` wrote) for one decode.
+void score(FormatResult& r, const HostBatch& b, const std::vector<double>& ref, const BatchDecode& d,
+           const KvScales& scales);
 
 // CPU reference backend: the accuracy batch is also the timed batch (median of
 // `reps` decodes after one warm-up).

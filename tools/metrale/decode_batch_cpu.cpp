@@ -19,22 +19,9 @@ BatchDecode decode_batch_cpu(const HostBatch& b, KvFormat format, const KvScales
   r.v_cache.assign(size_t(layout.cache_bytes()), 0);
   const KvCacheView cache{layout, r.k_cache.data(), r.v_cache.data(), scales};
 
-  CacheWriteArgs w;
-  w.key = b.key.data();
-  w.key_stride = b.kv_row();
-  w.value = b.value.data();
-  w.value_stride = b.kv_row();
-  w.slot_mapping = b.slot_mapping.data();
-  w.num_tokens = b.num_tokens();
-  w.cache = cache;
-  cpu::reshape_and_cache(w);
+  cpu::reshape_and_cache(b.write_args(b.key.data(), b.value.data(), b.slot_mapping.data(), cache));
 
-  DecodeProblem problem;
-  problem.num_seqs = b.num_seqs();
-  problem.num_q_heads = b.shape.num_q_heads;
-  problem.layout = layout;
-  problem.max_seq_len = b.max_seq_len();
-  DecodePlan plan = plan_decode(problem, cpu::num_threads());
+  DecodePlan plan = plan_decode(b.decode_problem(layout), cpu::num_threads());
   if (num_splits > 0)
     plan =
         DecodePlan{num_splits, splitk_workspace_bytes(b.num_seqs(), b.shape.num_q_heads, b.shape.head_dim, num_splits)};
@@ -42,17 +29,7 @@ BatchDecode decode_batch_cpu(const HostBatch& b, KvFormat format, const KvScales
   AlignedVector<float> ws(plan.workspace_bytes / sizeof(float) + 1);
   r.out.assign(size_t(b.out_elems()), codec::float_to_bf16(NAN));
 
-  DecodeArgs a;
-  a.q = b.q.data();
-  a.q_stride = b.q_row();
-  a.num_seqs = b.num_seqs();
-  a.num_q_heads = b.shape.num_q_heads;
-  a.cache = cache;
-  a.block_tables = b.block_tables.data();
-  a.max_blocks_per_seq = b.max_blocks_per_seq;
-  a.seq_lens = b.seq_lens.data();
-  a.sm_scale = b.sm_scale;
-  a.out = r.out.data();
+  const DecodeArgs a = b.decode_args(b.q.data(), cache, b.block_tables.data(), b.seq_lens.data(), r.out.data());
   const SplitKWorkspace workspace{ws.data(), plan.workspace_bytes, plan.num_splits};
   cpu::run_decode(plan, a, workspace);
   std::vector<double> us;

@@ -18,22 +18,9 @@ BatchDecode decode_batch_gpu(const HostBatch& b, KvFormat format, const KvScales
   cuda_check(cudaMemset(v_cache.as<void>(), 0, v_cache.bytes()), "cudaMemset(v)");
   const KvCacheView cache{layout, k_cache.as<void>(), v_cache.as<void>(), scales};
 
-  CacheWriteArgs w;
-  w.key = key.as<bf16>();
-  w.key_stride = b.kv_row();
-  w.value = value.as<bf16>();
-  w.value_stride = b.kv_row();
-  w.slot_mapping = slots.as<int64_t>();
-  w.num_tokens = b.num_tokens();
-  w.cache = cache;
-  cuda::reshape_and_cache(w);
+  cuda::reshape_and_cache(b.write_args(key.as<bf16>(), value.as<bf16>(), slots.as<int64_t>(), cache));
 
-  DecodeProblem problem;
-  problem.num_seqs = b.num_seqs();
-  problem.num_q_heads = b.shape.num_q_heads;
-  problem.layout = layout;
-  problem.max_seq_len = b.max_seq_len();
-  DecodePlan plan = plan_decode(problem, cuda::device_info().num_sms);
+  DecodePlan plan = plan_decode(b.decode_problem(layout), cuda::device_info().num_sms);
   if (num_splits > 0)
     plan =
         DecodePlan{num_splits, splitk_workspace_bytes(b.num_seqs(), b.shape.num_q_heads, b.shape.head_dim, num_splits)};
@@ -42,17 +29,7 @@ BatchDecode decode_batch_gpu(const HostBatch& b, KvFormat format, const KvScales
   DeviceBuffer out(size_t(b.out_elems()) * sizeof(bf16));
   cuda_check(cudaMemset(out.as<void>(), 0xff, out.bytes()), "cudaMemset(out)");  // NaN poison
 
-  DecodeArgs a;
-  a.q = q.as<bf16>();
-  a.q_stride = b.q_row();
-  a.num_seqs = b.num_seqs();
-  a.num_q_heads = b.shape.num_q_heads;
-  a.cache = cache;
-  a.block_tables = tables.as<int32_t>();
-  a.max_blocks_per_seq = b.max_blocks_per_seq;
-  a.seq_lens = lens.as<int32_t>();
-  a.sm_scale = b.sm_scale;
-  a.out = out.as<bf16>();
+  const DecodeArgs a = b.decode_args(q.as<bf16>(), cache, tables.as<int32_t>(), lens.as<int32_t>(), out.as<bf16>());
   cuda::run_decode(plan, a, SplitKWorkspace{ws.as<float>(), ws.bytes(), plan.num_splits});
   cuda_check(cudaDeviceSynchronize(), "decode");
   r.out.resize(size_t(b.out_elems()));

@@ -1,5 +1,5 @@
-// The demo on the CUDA backend (see backends.hpp): accuracy on device copies
-// of the host batch's rows, timing on a bench::DecodeWorkload.
+// The demo on the CUDA backend (see backends.hpp): accuracy through
+// decode_batch_gpu on the host batch's rows, timing on a bench::DecodeWorkload.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,76 +17,6 @@
 
 namespace metrale::cli {
 namespace {
-
-// The host batch's inputs on the device, shared by every format.
-struct DeviceBatch {
-  explicit DeviceBatch(const HostBatch& b)
-      : key(b.key.data(), b.key.size()),
-        value(b.value.data(), b.value.size()),
-        q(b.q.data(), b.q.size()),
-        slots(b.slot_mapping.data(), b.slot_mapping.size()),
-        tables(b.block_tables.data(), b.block_tables.size()),
-        lens(b.seq_lens.data(), b.seq_lens.size()) {}
-  DeviceBuffer key, value, q, slots, tables, lens;
-};
-
-// Quantize, decode and compare one format on the accuracy batch.
-void accuracy(FormatResult& r, const HostBatch& b, const DeviceBatch& d, const std::vector<double>& ref,
-              int32_t num_sms) {
-  const KvCacheLayout layout = make_layout(r.format, b.shape, b.num_blocks);
-  DeviceBuffer absmax(2 * sizeof(float));
-  cuda_check(cudaMemset(absmax.as<void>(), 0, 2 * sizeof(float)), "cudaMemset");
-  cuda::bf16_absmax(d.key.as<bf16>(), b.num_tokens(), b.kv_row(), b.kv_row(), absmax.as<float>());
-  cuda::bf16_absmax(d.value.as<bf16>(), b.num_tokens(), b.kv_row(), b.kv_row(), absmax.as<float>() + 1);
-  float am[2];
-  cuda_check(cudaMemcpy(am, absmax.as<void>(), sizeof(am), cudaMemcpyDeviceToHost), "cudaMemcpy(absmax)");
-
-  DeviceBuffer k_cache(size_t(layout.cache_bytes())), v_cache(size_t(layout.cache_bytes()));
-  const KvCacheView cache{layout, k_cache.as<void>(), v_cache.as<void>(), scales_from_absmax(r.format, am[0], am[1])};
-  CacheWriteArgs w;
-  w.key = d.key.as<bf16>();
-  w.key_stride = b.kv_row();
-  w.value = d.value.as<bf16>();
-  w.value_stride = b.kv_row();
-  w.slot_mapping = d.slots.as<int64_t>();
-  w.num_tokens = b.num_tokens();
-  w.cache = cache;
-  cuda::reshape_and_cache(w);
-
-  DecodeProblem problem;
-  problem.num_seqs = b.num_seqs();
-  problem.num_q_heads = b.shape.num_q_heads;
-  problem.layout = layout;
-  problem.max_seq_len = b.max_seq_len();
-  const DecodePlan plan = plan_decode(problem, num_sms);
-  r.accuracy_splits = plan.num_splits;
-  DeviceBuffer ws(plan.workspace_bytes);
-  DeviceBuffer out(size_t(b.out_elems()) * sizeof(bf16));
-  cuda_check(cudaMemset(out.as<void>(), 0xff, out.bytes()), "cudaMemset(out)");  // NaN poison: unwritten shows
-
-  DecodeArgs a;
-  a.q = d.q.as<bf16>();
-  a.q_stride = b.q_row();
-  a.num_seqs = b.num_seqs();
-  a.num_q_heads = b.shape.num_q_heads;
-  a.cache = cache;
-  a.block_tables = d.tables.as<int32_t>();
-  a.max_blocks_per_seq = b.max_blocks_per_seq;
-  a.seq_lens = d.lens.as<int32_t>();
-  a.sm_scale = b.sm_scale;
-  a.out = out.as<bf16>();
-  cuda::run_decode(plan, a, SplitKWorkspace{ws.as<float>(), ws.bytes(), plan.num_splits});
-  AlignedVector<bf16> host_out(size_t(b.out_elems()));
-  cuda_check(cudaMemcpy(host_out.data(), out.as<void>(), out.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(out)");
-  r.error = compare_to_reference(host_out.data(), ref, b.num_seqs(), b.shape.num_q_heads, b.shape.head_dim);
-
-  AlignedVector<uint8_t> host_k(k_cache.bytes()), host_v(v_cache.bytes());
-  cuda_check(cudaMemcpy(host_k.data(), k_cache.as<void>(), k_cache.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(k)");
-  cuda_check(cudaMemcpy(host_v.data(), v_cache.as<void>(), v_cache.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy(v)");
-  const KvCacheView host_cache{layout, host_k.data(), host_v.data(), cache.scales};
-  r.kernel_error = compare_to_reference(host_out.data(), attention_f64(b, cache_rows(b, host_cache)), b.num_seqs(),
-                                        b.shape.num_q_heads, b.shape.head_dim);
-}
 
 // Time one format on a DecodeWorkload big enough that rotation defeats the L2.
 void timing(FormatResult& r, const LayerShape& shape, const GpuTimedBatch& t, const cuda::DeviceInfo& dev,
@@ -146,12 +76,14 @@ GpuRun run_gpu(const HostBatch& batch, const std::vector<double>& ref, const Gpu
   run.device = dev.name;
   run.num_sms = dev.num_sms;
   run.ceiling_gbps = bench::measure_read_ceiling_gbps();
-  const DeviceBatch d(batch);
   for (KvFormat f : kAllFormats) {
     FormatResult r;
     r.format = f;
     r.kv_bytes_per_token = make_layout(f, batch.shape, 1).kv_bytes_per_token();
-    accuracy(r, batch, d, ref, dev.num_sms);
+    const KvScales scales = calibrated_scales(batch, f);
+    const BatchDecode d = decode_batch_gpu(batch, f, scales);
+    score(r, batch, ref, d, scales);
+    r.accuracy_splits = d.num_splits;
     timing(r, batch.shape, timed, dev, run.ceiling_gbps);
     run.rows.push_back(r);
   }

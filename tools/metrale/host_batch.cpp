@@ -81,4 +81,42 @@ HostBatch make_batch(const LayerShape& shape, int32_t num_seqs, int32_t max_len,
   return b;
 }
 
+CacheWriteArgs HostBatch::write_args(const bf16* key_rows, const bf16* value_rows, const int64_t* slots,
+                                     const KvCacheView& cache) const {
+  CacheWriteArgs w;
+  w.key = key_rows;
+  w.key_stride = kv_row();
+  w.value = value_rows;
+  w.value_stride = kv_row();
+  w.slot_mapping = slots;
+  w.num_tokens = num_tokens();
+  w.cache = cache;
+  return w;
+}
+
+DecodeArgs HostBatch::decode_args(const bf16* q_rows, const KvCacheView& cache, const int32_t* tables,
+                                  const int32_t* lens, bf16* out) const {
+  DecodeArgs a;
+  a.q = q_rows;
+  a.q_stride = q_row();
+  a.num_seqs = num_seqs();
+  a.num_q_heads = shape.num_q_heads;
+  a.cache = cache;
+  a.block_tables = tables;
+  a.max_blocks_per_seq = max_blocks_per_seq;
+  a.seq_lens = lens;
+  a.sm_scale = sm_scale;
+  a.out = out;
+  return a;
+}
+
+DecodeProblem HostBatch::decode_problem(const KvCacheLayout& layout) const {
+  DecodeProblem problem;
+  problem.num_seqs = num_seqs();
+  problem.num_q_heads = shape.num_q_heads;
+  problem.layout = layout;
+  problem.max_seq_len = max_seq_len();
+  return problem;
+}
+
 }  // namespace metrale::cli

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "metrale/codec.hpp"
+#include "metrale/ops.hpp"
+#include "metrale/plan.hpp"
 
 namespace metrale::cli {
 
@@ -62,6 +64,13 @@ struct HostBatch {
   int64_t q_row() const { return int64_t(shape.num_q_heads) * shape.head_dim; }
   int64_t out_elems() const { return int64_t(num_seqs()) * q_row(); }
   int32_t max_seq_len() const;
+
+  // The batch's calls, over copies of its arrays on either backend's memory.
+  CacheWriteArgs write_args(const bf16* key_rows, const bf16* value_rows, const int64_t* slots,
+                            const KvCacheView& cache) const;
+  DecodeArgs decode_args(const bf16* q_rows, const KvCacheView& cache, const int32_t* tables, const int32_t* lens,
+                         bf16* out) const;
+  DecodeProblem decode_problem(const KvCacheLayout& layout) const;
 };
 
 // `num_seqs` sequences: the first has `max_len` tokens, the others random

@@ -1,6 +1,8 @@
 // Per-format cache setup (see kv_setup.hpp).
 #include "kv_setup.hpp"
 
+#include "metrale/cpu.hpp"
+
 namespace metrale::cli {
 
 KvCacheLayout make_layout(KvFormat format, const LayerShape& s, int64_t num_blocks) {
@@ -22,6 +24,13 @@ KvScales scales_from_absmax(KvFormat format, float k_absmax, float v_absmax) {
     sc.v_global_scale = nvfp4_global_scale_from_absmax(v_absmax);
   }
   return sc;
+}
+
+KvScales calibrated_scales(const HostBatch& b, KvFormat format) {
+  float k_absmax = 0.0f, v_absmax = 0.0f;
+  cpu::bf16_absmax(b.key.data(), b.num_tokens(), b.kv_row(), b.kv_row(), &k_absmax);
+  cpu::bf16_absmax(b.value.data(), b.num_tokens(), b.kv_row(), b.kv_row(), &v_absmax);
+  return scales_from_absmax(format, k_absmax, v_absmax);
 }
 
 }  // namespace metrale::cli

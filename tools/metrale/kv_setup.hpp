@@ -18,4 +18,8 @@ KvCacheLayout make_layout(KvFormat format, const LayerShape& shape, int64_t num_
 // bf16: the defaults (unused).
 KvScales scales_from_absmax(KvFormat format, float k_absmax, float v_absmax);
 
+// The scales calibrated on the batch's own K and V rows (absmax is exact, so
+// computing it on the host gives what either backend's absmax gives).
+KvScales calibrated_scales(const HostBatch& batch, KvFormat format);
+
 }  // namespace metrale::cli
