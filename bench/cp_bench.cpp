@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/lib/bench_util.hpp"
 #include "bench/lib/decode_workload.hpp"
 #include "bench/lib/gpu_timing.hpp"
 #include "metrale/context_parallel.hpp"
@@ -50,29 +51,13 @@ namespace {
 using namespace metrale;
 using metrale::bench::DecodeShape;
 using metrale::bench::DecodeWorkload;
+using metrale::bench::cuda_ok;
+using metrale::bench::split_list;
 
 constexpr size_t kRotationBytes = size_t(512) << 20;  // > 8x the H200's L2
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 void nccl_ok(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(r));
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-KvFormat parse_format(const std::string& f) {
-  if (f == "bf16") return KvFormat::bf16;
-  if (f == "fp8") return KvFormat::fp8_e4m3;
-  if (f == "nvfp4") return KvFormat::nvfp4;
-  throw std::runtime_error("unknown format '" + f + "' (bf16, fp8, nvfp4)");
 }
 
 class Barrier {
@@ -195,7 +180,7 @@ int main(int argc, char** argv) {
   for (const std::string& fs : split_list(formats)) {
     for (const std::string& sh : split_list(shapes)) {
       DecodeShape s;
-      s.format = parse_format(fs);
+      s.format = kv_format_from_string(fs);
       if (std::sscanf(sh.c_str(), "%dx%d", &s.num_seqs, &s.seq_len) != 2)
         throw std::runtime_error("bad shape " + sh);
       s.num_q_heads = qh;

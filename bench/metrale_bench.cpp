@@ -22,16 +22,20 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/bench_util.hpp"
 #include "bench/lib/decode_workload.hpp"
 #include "bench/lib/gpu_timing.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/cuda.hpp"
+#include "metrale/error.hpp"
 
 namespace {
 
 using namespace metrale;
 using metrale::bench::DecodeShape;
 using metrale::bench::DecodeWorkload;
+using metrale::bench::cuda_ok;
+using metrale::bench::split_list;
 
 constexpr size_t kRotationBytes = size_t(512) << 20;  // > 8x the H200's 60 MB L2
 
@@ -40,25 +44,6 @@ struct Row {
   int splits = 0;
   double us = 0, gbps = 0, frac = 0, err = -1;
 };
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-KvFormat parse_format(const std::string& f) {
-  if (f == "bf16") return KvFormat::bf16;
-  if (f == "fp8") return KvFormat::fp8_e4m3;
-  if (f == "nvfp4") return KvFormat::nvfp4;
-  throw CLI::ValidationError("--formats", "unknown format '" + f + "' (bf16, fp8, nvfp4)");
-}
 
 // Times the decode of `w` with `num_splits` (cycling replicas inside one graph).
 double time_decode(const DecodeWorkload& w, int32_t num_splits, bf16* out, float* ws, size_t ws_bytes) {
@@ -124,7 +109,11 @@ int main(int argc, char** argv) {
   for (const std::string& fs : split_list(formats)) {
     for (const std::string& sh : split_list(shapes)) {
       DecodeShape s;
-      s.format = parse_format(fs);
+      try {
+        s.format = kv_format_from_string(fs);
+      } catch (const InvalidArgument& e) {
+        throw CLI::ValidationError("--formats", e.what());
+      }
       if (std::sscanf(sh.c_str(), "%dx%d", &s.num_seqs, &s.seq_len) != 2) throw CLI::ValidationError("--shapes", sh);
       s.num_q_heads = qh;
       s.num_kv_heads = kvh;

@@ -1,4 +1,5 @@
 // Graph-replay timing and the read-bandwidth ceiling kernel.
+#include "bench/lib/bench_util.hpp"
 #include "bench/lib/gpu_timing.hpp"
 
 #include <algorithm>
@@ -9,10 +10,6 @@
 
 namespace metrale::bench {
 namespace {
-
-void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // Streams `n16` 16-byte vectors with several loads in flight per thread and
 // XOR-folds them; the sink write (practically never taken) keeps the loads.
@@ -40,26 +37,26 @@ __global__ void read_kernel(const uint4* __restrict__ src, size_t n16, uint32_t*
 double median_us_per_call(const std::function<void(int, cudaStream_t)>& enqueue, int launches_per_graph, int warmup,
                           int reps) {
   cudaStream_t s;
-  ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   for (int i = 0; i < launches_per_graph; ++i) enqueue(i, s);
-  ok(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
-  ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  cuda_ok(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   cudaEvent_t a, b;
-  ok(cudaEventCreate(&a), "cudaEventCreate");
-  ok(cudaEventCreate(&b), "cudaEventCreate");
-  for (int i = 0; i < warmup; ++i) ok(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+  cuda_ok(cudaEventCreate(&a), "cudaEventCreate");
+  cuda_ok(cudaEventCreate(&b), "cudaEventCreate");
+  for (int i = 0; i < warmup; ++i) cuda_ok(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
   std::vector<float> ms(reps);
   for (int r = 0; r < reps; ++r) {
-    ok(cudaEventRecord(a, s), "cudaEventRecord");
-    ok(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
-    ok(cudaEventRecord(b, s), "cudaEventRecord");
-    ok(cudaEventSynchronize(b), "cudaEventSynchronize");
-    ok(cudaEventElapsedTime(&ms[r], a, b), "cudaEventElapsedTime");
+    cuda_ok(cudaEventRecord(a, s), "cudaEventRecord");
+    cuda_ok(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+    cuda_ok(cudaEventRecord(b, s), "cudaEventRecord");
+    cuda_ok(cudaEventSynchronize(b), "cudaEventSynchronize");
+    cuda_ok(cudaEventElapsedTime(&ms[r], a, b), "cudaEventElapsedTime");
   }
-  ok(cudaGetLastError(), "timed launches");
+  cuda_ok(cudaGetLastError(), "timed launches");
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   cudaGraphExecDestroy(exec);
@@ -74,12 +71,12 @@ double measure_read_ceiling_gbps(size_t bytes) {
   constexpr int kWindows = 4;  // disjoint windows: 4 x 1 GiB arena defeats the 60 MB L2
   uint8_t* arena = nullptr;
   uint32_t* sink = nullptr;
-  ok(cudaMalloc(&arena, bytes * kWindows), "cudaMalloc(read arena)");
-  ok(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc(sink)");
-  ok(cudaMemset(arena, 0x5a, bytes * kWindows), "cudaMemset(read arena)");
+  cuda_ok(cudaMalloc(&arena, bytes * kWindows), "cudaMalloc(read arena)");
+  cuda_ok(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc(sink)");
+  cuda_ok(cudaMemset(arena, 0x5a, bytes * kWindows), "cudaMemset(read arena)");
   int sms = 0, dev = 0;
-  ok(cudaGetDevice(&dev), "cudaGetDevice");
-  ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   const size_t n16 = bytes / 16;
   const double us = median_us_per_call(
       [&](int call, cudaStream_t s) {

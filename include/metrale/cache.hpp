@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace metrale {
 
@@ -15,6 +16,8 @@ enum class KvFormat : uint8_t {
 };
 
 const char* to_string(KvFormat f);
+// Inverse of to_string ("bf16", "fp8", "nvfp4"); throws InvalidArgument.
+KvFormat kv_format_from_string(const std::string& name);
 
 // head_dim and block_size values the kernels are built for.
 constexpr int kSupportedHeadDims[] = {64, 128, 256};

@@ -16,6 +16,12 @@ const char* to_string(KvFormat f) {
   return "unknown";
 }
 
+KvFormat kv_format_from_string(const std::string& name) {
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4})
+    if (name == to_string(f)) return f;
+  detail::throw_invalid("format", name, "bf16, fp8 or nvfp4");
+}
+
 namespace {
 // Bytes of codes one (token, kv head) row occupies in the data section.
 int64_t row_data_bytes(KvFormat f, int64_t head_dim) {
