@@ -1,0 +1,209 @@
+"""Calibrator (running absmax -> scales) and PagedKVCache (a multi-layer paged cache allocation)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _metrale
+from ._metrale import KvFormat
+from ._arrays import (ArrayLike, _device_of, _dl, _empty, _is_cuda, _parse_device, _require_array, _stream_handle,
+                      make_layout)
+from .ops import fp8_scale_from_absmax, nvfp4_global_scale_from_absmax, reshape_and_cache
+from .view import KVCacheView
+
+
+class Calibrator:
+    """Running absmax of K and of V over calibration batches (SYSTEM.md 1).
+
+    ``observe(key, value)`` folds max|x| of a batch of bf16 rows into the
+    running values with ``bf16_absmax``; on CUDA the running values stay on
+    the device (no synchronisation) until ``absmax`` / the scales are read.
+    """
+
+    def __init__(self) -> None:
+        self._cpu = np.zeros(2, dtype=np.float32)
+        self._dev: Any = None  # float32[2] on a CUDA device, once a CUDA batch is observed
+
+    def observe(self, key: ArrayLike, value: ArrayLike, *, stream: Any = None) -> None:
+        _require_array(key, "key")
+        _require_array(value, "value")
+        if _is_cuda(key):
+            if self._dev is None:
+                self._dev = _empty((2,), "float32", ("cuda", _device_of(key)[1]), zero=True)
+            s = _stream_handle(key, stream)
+            _metrale.bf16_absmax(_dl(key), _dl(self._dev[0:1]), s)
+            _metrale.bf16_absmax(_dl(value), _dl(self._dev[1:2]), s)
+        else:
+            _metrale.bf16_absmax(key, self._cpu[0:1], 0)
+            _metrale.bf16_absmax(value, self._cpu[1:2], 0)
+
+    def reset(self) -> None:
+        self._cpu[:] = 0
+        if self._dev is not None:
+            self._dev.zero_()
+
+    @property
+    def absmax(self) -> Tuple[float, float]:
+        """(absmax of K, absmax of V) seen so far (reads device values back: synchronises)."""
+        k, v = float(self._cpu[0]), float(self._cpu[1])
+        if self._dev is not None:
+            d = self._dev.cpu().tolist() if hasattr(self._dev, "cpu") else list(self._dev)
+            k, v = max(k, float(d[0])), max(v, float(d[1]))
+        return (k, v)
+
+    def fp8_scales(self) -> Tuple[float, float]:
+        """(k_scale, v_scale) = absmax / 448 (1.0 when nothing was observed)."""
+        k, v = self.absmax
+        return (fp8_scale_from_absmax(k), fp8_scale_from_absmax(v))
+
+    def nvfp4_global_scales(self) -> Tuple[float, float]:
+        """(k_global_scale, v_global_scale) = absmax / (448 * 6) (1.0 when nothing was observed)."""
+        k, v = self.absmax
+        return (nvfp4_global_scale_from_absmax(k), nvfp4_global_scale_from_absmax(v))
+
+
+class PagedKVCache:
+    """K and V paged caches of one format for `num_layers` layers.
+
+    Buffers are zero-initialised uint8 arrays of shape
+    ``(num_blocks, layout.page_stride_bytes)``, one K and one V per layer,
+    allocated with NumPy (``device="cpu"``) or torch (``device="cuda"``).
+    ``layer(i)`` (or ``cache[i]``) is the KVCacheView the operations take.
+    Scales are per layer: FP8 ``k_scale`` / ``v_scale``, NVFP4
+    ``k_global_scale`` / ``v_global_scale``, set by ``set_scales`` or by
+    ``calibrate``. Write scales before writing tokens: the cache stores codes
+    quantised with the scales in force at write time.
+    """
+
+    def __init__(self, format: Union[str, KvFormat], num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, num_layers: int = 1, device: Any = "cpu", *, cache_stride: int = 0,
+                 block_stride_bytes: int = 0, data_section_bytes: int = 0, k_scale: float = 1.0,
+                 v_scale: float = 1.0, k_global_scale: float = 1.0, v_global_scale: float = 1.0):
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"'num_layers' = {num_layers!r}; expected an int >= 1")
+        self.layout = make_layout(format, num_blocks, block_size, num_kv_heads, head_dim, cache_stride=cache_stride,
+                                  block_stride_bytes=block_stride_bytes, data_section_bytes=data_section_bytes)
+        self.num_layers = num_layers
+        self._device = _parse_device(device)
+        shape = (num_layers, 2, self.layout.num_blocks, self.layout.page_stride_bytes)
+        self._buf = _empty(shape, "uint8", self._device, zero=True)
+        self._scales = [[float(k_scale), float(v_scale), float(k_global_scale), float(v_global_scale)]
+                        for _ in range(num_layers)]
+        self._calib = [Calibrator() for _ in range(num_layers)]
+
+    # ---- shape & sizes
+    @property
+    def format(self) -> KvFormat:
+        return self.layout.format
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self._device[0] == "cpu" else f"cuda:{self._device[1]}"
+
+    @property
+    def capacity(self) -> int:
+        """Token slots per layer (num_blocks * block_size)."""
+        return int(self.layout.capacity_slots)
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes of K+V codes and scales one token occupies over all layers (no page padding)."""
+        return self.layout.kv_bytes_per_token * self.num_layers
+
+    @property
+    def bytes_per_token_per_layer(self) -> float:
+        return float(self.layout.kv_bytes_per_token)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for all K and V buffers."""
+        return int(self.layout.cache_bytes) * 2 * self.num_layers
+
+    # ---- buffers & views
+    def _check_layer(self, layer: int) -> int:
+        if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"'layer' = {layer!r}; expected an int in [0, {self.num_layers})")
+        return int(layer)
+
+    def k(self, layer: int):
+        """K buffer of `layer`: uint8 (num_blocks, page_stride_bytes)."""
+        return self._buf[self._check_layer(layer), 0]
+
+    def v(self, layer: int):
+        """V buffer of `layer`: uint8 (num_blocks, page_stride_bytes)."""
+        return self._buf[self._check_layer(layer), 1]
+
+    def layer(self, layer: int) -> KVCacheView:
+        """The KVCacheView of `layer` (shares buffers and scales with the cache)."""
+        i = self._check_layer(layer)
+        return KVCacheView(self.layout, self._buf[i, 0], self._buf[i, 1], _scales=self._scales[i])
+
+    def __getitem__(self, layer: int) -> KVCacheView:
+        return self.layer(layer)
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def __iter__(self):
+        return (self.layer(i) for i in range(self.num_layers))
+
+    # ---- scales
+    def scales(self, layer: int = 0) -> dict:
+        """{'k_scale', 'v_scale', 'k_global_scale', 'v_global_scale'} of `layer`."""
+        s = self._scales[self._check_layer(layer)]
+        return {"k_scale": s[0], "v_scale": s[1], "k_global_scale": s[2], "v_global_scale": s[3]}
+
+    def set_scales(self, layer: Optional[int] = None, *, k_scale: Optional[float] = None,
+                   v_scale: Optional[float] = None, k_global_scale: Optional[float] = None,
+                   v_global_scale: Optional[float] = None) -> None:
+        """Sets the given scales of `layer` (all layers when None); each must be finite and > 0."""
+        layers = range(self.num_layers) if layer is None else [self._check_layer(layer)]
+        for idx, (name, val) in enumerate((("k_scale", k_scale), ("v_scale", v_scale),
+                                           ("k_global_scale", k_global_scale),
+                                           ("v_global_scale", v_global_scale))):
+            if val is None:
+                continue
+            if not (isinstance(val, (int, float, np.floating)) and math.isfinite(val) and val > 0):
+                raise ValueError(f"'{name}' = {val!r}; expected a finite float > 0")
+            for i in layers:
+                self._scales[i][idx] = float(val)
+
+    def calibrate(self, key: ArrayLike, value: ArrayLike, layer: Optional[int] = None, *,
+                  stream: Any = None) -> dict:
+        """Folds a calibration batch of bf16 K and V rows into the running absmax of
+        `layer` (every layer when None) and sets that layer's scales from it:
+        FP8 ``k_scale = absmax_k / 448``; NVFP4 ``k_global_scale = absmax_k /
+        (448 * 6)`` (the same for V); BF16 has none. On CUDA this reads the
+        absmax back (synchronises); calibration is not part of the decode path.
+        Returns the scales of the (first) calibrated layer.
+        """
+        layers = range(self.num_layers) if layer is None else [self._check_layer(layer)]
+        for i in layers:
+            c = self._calib[i]
+            c.observe(key, value, stream=stream)
+            if self.format == KvFormat.fp8_e4m3:
+                self._scales[i][0], self._scales[i][1] = c.fp8_scales()
+            elif self.format == KvFormat.nvfp4:
+                self._scales[i][2], self._scales[i][3] = c.nvfp4_global_scales()
+        return self.scales(layers[0])
+
+    def reset_calibration(self) -> None:
+        for c in self._calib:
+            c.reset()
+
+    # ---- writes
+    def write(self, layer: int, key: ArrayLike, value: ArrayLike, slot_mapping: ArrayLike, *,
+              skipped: Optional[ArrayLike] = None, stream: Any = None) -> Optional[int]:
+        """reshape_and_cache into `layer`; see :func:`reshape_and_cache`."""
+        return reshape_and_cache(key, value, slot_mapping, self.layer(layer), skipped=skipped, stream=stream)
+
+    def __repr__(self) -> str:
+        return (f"PagedKVCache(format={_metrale_format_name(self.format)!r}, layers={self.num_layers}, "
+                f"device={self.device!r}, {self.layout!r})")
+
+
+def _metrale_format_name(f: KvFormat) -> str:
+    return {KvFormat.bf16: "bf16", KvFormat.fp8_e4m3: "fp8", KvFormat.nvfp4: "nvfp4"}[f]
