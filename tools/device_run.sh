@@ -7,6 +7,8 @@
 #   SANITIZE=1 tools/device_run.sh       # + memcheck and racecheck
 #   BENCH_ARGS="--mode oracle" tools/device_run.sh
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh   # use carried binaries
+#   PYTEST=0 / BENCH=0 / PEERS=0 skip parts; CP_BENCH=1 runs the multi-GPU benchmark
+# The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
 # in .deps/ (see README "Running on the H200").
 set -uo pipefail
@@ -45,12 +47,23 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   done
 fi
 
+# The Python package's tests, GPU cases included (links this build's library).
+if [ "${PYTEST:-1}" = 1 ] && python3 -c "import torch, nanobind" 2>/dev/null; then
+  [ -f "$BUILD/libmetrale.a" ] && export METRALE_PREBUILT_LIB="$BUILD/libmetrale.a"
+  bash python/run_gpu_tests.sh >"$OUT/pytest.log" 2>&1
+  summary+=("$(printf '%-24s rc %d  %s' "python (pytest)" $? "$(tail -1 "$OUT/pytest.log")")")
+fi
+
 if [ "${BENCH:-1}" = 1 ]; then
   "$BUILD/bench/metrale_bench" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
   # Peers on the same shapes in the same run (PyTorch is on the GPU machine).
   if [ "${PEERS:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
     PYTHONUNBUFFERED=1 python3 bench/peers.py --metrale-csv "$OUT/bench.csv" --csv "$OUT/peers.csv" 2>&1 | tee "$OUT/peers.log"
   fi
+fi
+# Context-parallel scaling where the machine has several GPUs.
+if [ "${CP_BENCH:-0}" = 1 ] && [ -x "$BUILD/bench/cp_bench" ]; then
+  NCCL_NVLS_ENABLE=0 "$BUILD/bench/cp_bench" --gpus "$(nvidia-smi -L | wc -l)" 2>&1 | tee "$OUT/cp_bench.log"
 fi
 # The main job, as a newcomer runs it.
 [ -x "$BUILD/tools/metrale" ] && "$BUILD/tools/metrale" 2>&1 | tee "$OUT/metrale.txt"
