@@ -25,6 +25,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -136,26 +138,16 @@ struct RankResult {
 
 int main(int argc, char** argv) {
   int gpus = 0, reps = 20;
-  bool graph = true;
+  bool no_graph = false;
   std::string formats = "bf16,nvfp4", shapes = "1x524288,8x131072";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--gpus") gpus = std::atoi(next().c_str());
-    else if (a == "--formats") formats = next();
-    else if (a == "--shapes") shapes = next();
-    else if (a == "--reps") reps = std::max(1, std::atoi(next().c_str()));
-    else if (a == "--no-graph") graph = false;
-    else {
-      std::fprintf(stderr,
-                   "usage: cp_bench [--gpus N] [--formats bf16,fp8,nvfp4] [--shapes BATCHxCONTEXT,...] [--reps R] "
-                   "[--no-graph]\n");
-      return a == "--help" || a == "-h" ? 0 : 2;
-    }
-  }
+  CLI::App app{"cp_bench: context-parallel decode over N GPUs against one GPU"};
+  app.add_option("--gpus", gpus, "GPUs to use (0 = all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--formats", formats, "comma list of bf16, fp8, nvfp4");
+  app.add_option("--shapes", shapes, "comma list of BATCHxCONTEXT");
+  app.add_option("--reps", reps, "timed replays")->check(CLI::PositiveNumber);
+  app.add_flag("--no-graph", no_graph, "plain launches instead of CUDA-graph replay");
+  CLI11_PARSE(app, argc, argv);
+  const bool graph = !no_graph;
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
 
   int count = 0;
