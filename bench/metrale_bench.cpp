@@ -56,21 +56,6 @@ double time_decode(const DecodeWorkload& w, int32_t num_splits, bf16* out, float
       per_graph);
 }
 
-double max_rel_err(const std::vector<bf16>& a, const std::vector<bf16>& b, int64_t blocks, int32_t d) {
-  double worst = 0;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    double num = 0, den = 0;
-    for (int32_t i = 0; i < d; ++i) {
-      const double x = codec::bf16_to_float(a[blk * d + i]), y = codec::bf16_to_float(b[blk * d + i]);
-      num += (x - y) * (x - y);
-      den += y * y;
-    }
-    const double e = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
-  }
-  return worst;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -207,7 +192,7 @@ int main(int argc, char** argv) {
         cpu::paged_decode_attn(a);
         Row r = row_for(ns, 0);
         r.us = r.gbps = r.frac = 0;
-        r.err = max_rel_err(gpu, ref, int64_t(s.num_seqs) * qh, head_dim);
+        r.err = metrale::bench::max_rel_l2(gpu.data(), ref.data(), gpu.size(), head_dim);
         r.note = r.err <= 1e-2 ? "ok" : "FAIL";
         rows.push_back(r);
       }

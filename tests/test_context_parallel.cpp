@@ -86,19 +86,15 @@ std::vector<cp::ShardSpec> specs_for(int32_t R) {
 }
 
 DecodeCase random_case(std::mt19937_64& rng) {
-  auto pick = [&](auto... v) {
-    const std::vector<int64_t> opts{int64_t(v)...};
-    return opts[rng() % opts.size()];
-  };
   DecodeCase c;
   c.format = KvFormat(rng() % 3);
-  c.head_dim = int32_t(pick(64, 128, 64));
-  c.block_size = int32_t(pick(16, 16, 32, 64));
-  c.num_kv_heads = int32_t(pick(1, 2));
-  c.group = int32_t(pick(1, 2, 4));
-  const int32_t max_len = int32_t(pick(1, 17, 90, 300, 700));
-  c.seq_lens = interesting_lengths(c.block_size, max_len, int32_t(pick(1, 3, 6)), rng());
-  c.sliding_window = int32_t(pick(0, 0, 1, 5, 37, 100, 256));
+  c.head_dim = int32_t(pick(rng, 64, 128, 64));
+  c.block_size = int32_t(pick(rng, 16, 16, 32, 64));
+  c.num_kv_heads = int32_t(pick(rng, 1, 2));
+  c.group = int32_t(pick(rng, 1, 2, 4));
+  const int32_t max_len = int32_t(pick(rng, 1, 17, 90, 300, 700));
+  c.seq_lens = interesting_lengths(c.block_size, max_len, int32_t(pick(rng, 1, 3, 6)), rng());
+  c.sliding_window = int32_t(pick(rng, 0, 0, 1, 5, 37, 100, 256));
   c.q_stride_pad = 8 * int64_t(rng() % 2);
   c.page_pad_bytes = 16 * int64_t(rng() % 2);
   if (c.format == KvFormat::nvfp4) c.k_global_scale = c.v_global_scale = (rng() % 2) ? 1.0f : -1.0f;

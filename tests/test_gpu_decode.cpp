@@ -56,20 +56,16 @@ int32_t max_pages(const HostProblem& hp) {
 }
 
 DecodeCase random_case(std::mt19937_64& rng) {
-  auto pick = [&](auto... v) {
-    const std::vector<int64_t> opts{int64_t(v)...};
-    return opts[rng() % opts.size()];
-  };
   DecodeCase c;
   c.format = KvFormat(rng() % 3);
-  c.head_dim = int32_t(pick(64, 128, 256));
-  c.block_size = int32_t(pick(16, 32, 16, 32, 64, 128));
-  c.num_kv_heads = int32_t(pick(1, 2, 3, 8));
-  c.group = int32_t(pick(1, 2, 4, 5, 8, 16, 6, 32));
-  const int32_t max_len = int32_t(pick(1, 17, 100, 700, 3000));
-  const int32_t n = int32_t(pick(1, 3, 9));
+  c.head_dim = int32_t(pick(rng, 64, 128, 256));
+  c.block_size = int32_t(pick(rng, 16, 32, 16, 32, 64, 128));
+  c.num_kv_heads = int32_t(pick(rng, 1, 2, 3, 8));
+  c.group = int32_t(pick(rng, 1, 2, 4, 5, 8, 16, 6, 32));
+  const int32_t max_len = int32_t(pick(rng, 1, 17, 100, 700, 3000));
+  const int32_t n = int32_t(pick(rng, 1, 3, 9));
   c.seq_lens = interesting_lengths(c.block_size, max_len, n, rng());
-  c.sliding_window = int32_t(pick(0, 0, 1, 37, 256, 5000));
+  c.sliding_window = int32_t(pick(rng, 0, 0, 1, 37, 256, 5000));
   c.q_stride_pad = 8 * int64_t(rng() % 3);
   c.page_pad_bytes = 16 * int64_t(rng() % 3);
   c.outlier_channels = rng() % 4 != 0;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,13 @@ struct HostProblem {
 };
 
 HostProblem make_problem(const DecodeCase& c, uint64_t seed);
+
+// One of `options`, drawn uniformly: the shape matrices of the randomized tests.
+template <class... V>
+int64_t pick(std::mt19937_64& rng, V... options) {
+  const int64_t opts[] = {int64_t(options)...};
+  return opts[rng() % sizeof...(options)];
+}
 
 // A seed from std::random_device; tests print it with SCOPED_TRACE so that a
 // failure can be replayed.

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <memory>
 
+#include "bench/lib/bench_util.hpp"
 #include "decode_batch.hpp"
 #include "kv_setup.hpp"
 #include "metrale/cpu.hpp"
@@ -29,21 +30,6 @@ struct Options {
 struct Case {
   int32_t seqs, max_len, splits;  // splits 0 = the planner's choice
 };
-
-double max_rel_l2(const AlignedVector<bf16>& a, const AlignedVector<bf16>& ref, int32_t d) {
-  double worst = 0.0;
-  for (size_t blk = 0; blk * size_t(d) < ref.size(); ++blk) {
-    double num = 0.0, den = 0.0;
-    for (int32_t i = 0; i < d; ++i) {
-      const double x = codec::bf16_to_float(a[blk * d + i]), y = codec::bf16_to_float(ref[blk * d + i]);
-      num += (x - y) * (x - y);
-      den += y * y;
-    }
-    const double e = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
-  }
-  return worst;
-}
 
 int run(const Options& o) {
   std::string reason;
@@ -73,7 +59,7 @@ int run(const Options& o) {
       const BatchDecode ref = decode_batch_cpu(b, f, sc, c.splits);
       const BatchDecode gpu = decode_batch_gpu(b, f, sc, c.splits);
       const bool same_cache = ref.k_cache == gpu.k_cache && ref.v_cache == gpu.v_cache;
-      const double err = max_rel_l2(gpu.out, ref.out, shape.head_dim);
+      const double err = bench::max_rel_l2(gpu.out.data(), ref.out.data(), ref.out.size(), shape.head_dim);
       const bool ok = same_cache && err <= 1e-2;
       failures += !ok;
       t.add_row({to_string(f), std::to_string(c.seqs), std::to_string(c.max_len), std::to_string(gpu.num_splits),
