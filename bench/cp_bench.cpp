@@ -91,6 +91,11 @@ double time_rank(const std::function<void(int, cudaStream_t)>& enqueue, cudaStre
                  bool graph, Barrier& sync) {
   cudaGraphExec_t exec = nullptr;
   if (graph) {
+    // One plain call first: NCCL sets up its connections lazily on a
+    // communicator's first collective, which cannot happen inside a capture.
+    enqueue(0, st);
+    cuda_ok(cudaStreamSynchronize(st), "pre-capture run");
+    sync.wait();
     cudaGraph_t g = nullptr;
     cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     for (int i = 0; i < per_graph; ++i) enqueue(i, st);
