@@ -1,13 +1,14 @@
 // The split planner and the debug block-table validator.
 //
 // Decision rule (one function; both backends and the benchmark's oracle mode
-// call it): a decode launch has one CTA per (sequence, kv head, 16-q-head
+// call it): a decode launch has one CTA per (sequence, kv head, 8-q-head
 // tile, split). Single pass when the batch alone gives every SM enough CTAs;
 // otherwise cut each sequence into as many splits as fill one resident wave,
 // but never splits shorter than kMinTokensPerSplit.
 #include <algorithm>
 #include <string>
 
+#include "kernels/decode/decode_params.hpp"
 #include "metrale/error.hpp"
 #include "metrale/plan.hpp"
 
@@ -20,7 +21,6 @@ constexpr int32_t kCtasPerSmTarget = 2;
 // One 8-token step per warp of a 4-warp CTA, 4 times over: below this a
 // split's prologue, epilogue and record cost more than its parallelism gains.
 constexpr int32_t kMinTokensPerSplit = 128;
-constexpr int32_t kQHeadsPerCta = 16;        // q heads one CTA serves (the MMA's M)
 }  // namespace
 
 size_t splitk_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim, int32_t num_splits) {
@@ -37,7 +37,7 @@ DecodePlan plan_decode(const DecodeProblem& p, int32_t num_sms) {
   METRALE_CHECK_ARG(num_sms > 0, "num_sms", num_sms, "> 0");
 
   const int32_t group = p.num_q_heads / p.layout.num_kv_heads;
-  const int64_t head_tiles = (group + kQHeadsPerCta - 1) / kQHeadsPerCta;
+  const int64_t head_tiles = (group + kernels::kDecodeQHeadsPerCta - 1) / kernels::kDecodeQHeadsPerCta;
   const int64_t base_ctas = int64_t(p.num_seqs) * p.layout.num_kv_heads * head_tiles;
   const int64_t attended =
       p.sliding_window > 0 ? std::min<int64_t>(p.max_seq_len, p.sliding_window + p.layout.block_size) : p.max_seq_len;

@@ -52,6 +52,15 @@ __device__ __forceinline__ void mma_1688<F16Op>(float (&d)[4], uint32_t a0, uint
                : "r"(a0), "r"(a1), "r"(b0));
 }
 
+// Transposes an 8x8 matrix of 16-bit values held one row per 4 lanes (lane
+// l: row l/4, columns 2(l%4), 2(l%4)+1): afterwards lane l holds row l/4 of
+// the transpose. Turns a C fragment's (row, column) pairs into a B fragment.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
 // Two f32 -> packed pair (lo in bits 0-15), round to nearest even.
 template <class Op>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);

@@ -13,7 +13,6 @@ namespace metrale::cuda {
 namespace {
 
 using kernels::DecodeParams;
-constexpr int32_t kQHeadsPerCta = 16;
 
 DecodeParams make_params(const DecodeArgs& a) {
   const KvCacheLayout& L = a.cache.layout;
@@ -31,7 +30,7 @@ DecodeParams make_params(const DecodeArgs& a) {
   p.num_q_heads = a.num_q_heads;
   p.num_kv_heads = L.num_kv_heads;
   p.group = a.num_q_heads / L.num_kv_heads;
-  p.head_tiles = (p.group + kQHeadsPerCta - 1) / kQHeadsPerCta;
+  p.head_tiles = (p.group + kernels::kDecodeQHeadsPerCta - 1) / kernels::kDecodeQHeadsPerCta;
   p.block_size = L.block_size;
   p.sliding_window = a.sliding_window;
   float k_factor = 1.0f, v_factor = 1.0f;
@@ -53,7 +52,7 @@ DecodeParams make_params(const DecodeArgs& a) {
 int64_t num_ctas(const DecodeParams& p, int32_t num_seqs) {
   const int64_t n = int64_t(num_seqs) * p.num_kv_heads * p.head_tiles;
   METRALE_CHECK_ARG(n <= detail::kMaxGridX, "num_seqs", num_seqs,
-                    "num_seqs * num_kv_heads * ceil(group/16) <= 2^31-1 (grid limit)");
+                    "num_seqs * num_kv_heads * ceil(group/8) <= 2^31-1 (grid limit)");
   return n;
 }
 

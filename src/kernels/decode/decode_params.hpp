@@ -8,6 +8,10 @@
 
 namespace metrale::kernels {
 
+// q heads one decode CTA serves (the N of its MMAs); the launcher and the
+// planner count CTAs with it.
+constexpr int32_t kDecodeQHeadsPerCta = 8;
+
 struct DecodeParams {
   const bf16* q;             // [num_seqs, q_stride]; head h at h*D
   int64_t q_stride;          // elements
@@ -22,7 +26,7 @@ struct DecodeParams {
   int32_t num_q_heads;
   int32_t num_kv_heads;
   int32_t group;             // q heads per kv head
-  int32_t head_tiles;        // ceil(group / 16): CTAs per (seq, kv head, split)
+  int32_t head_tiles;        // ceil(group / kDecodeQHeadsPerCta): CTAs per (seq, kv head, split)
   int32_t block_size;        // multiple of 16
   int32_t sliding_window;    // 0 = off
   float qk_log2_scale;       // sm_scale * log2(e) * K dequant factor
