@@ -74,6 +74,17 @@ std::string dtype_str(nb::dlpack::dtype t) {
   return s;
 }
 
+// Stride of dimension i in elements. DLPack producers may leave `strides`
+// null for a compact row-major tensor (NumPy does for contiguous arrays):
+// the strides are then implied by the shape.
+template <class A>
+int64_t stride(const A& a, size_t i) {
+  if (a.stride_ptr() != nullptr) return a.stride(i);
+  int64_t s = 1;
+  for (size_t j = a.ndim(); j-- > i + 1;) s *= a.shape(j);
+  return s;
+}
+
 template <class A>
 std::string shape_str(const A& a) {
   std::ostringstream os;
@@ -87,7 +98,7 @@ template <class A>
 std::string strides_str(const A& a) {
   std::ostringstream os;
   os << "(";
-  for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << a.stride(i);
+  for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << stride(a, i);
   os << ") elements";
   return os.str();
 }
@@ -141,7 +152,7 @@ bool c_contiguous(const A& a) {
     if (a.shape(i) == 0) return true;  // empty: strides are meaningless (often reported as 0)
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
+    if (a.shape(i) != 1 && stride(a, i) != expect) return false;
     expect *= a.shape(i);
   }
   return true;
@@ -172,21 +183,21 @@ Rows bf16_rows(const A& a, const char* name, int64_t heads, int64_t dim) {
   if (a.ndim() >= 1 && a.shape(0) == 0) {
     ok = (a.ndim() == 2 && a.shape(1) == row) || (a.ndim() == 3 && a.shape(1) == heads && a.shape(2) == dim);
   } else if (a.ndim() == 2) {
-    ok = a.shape(1) == row && (row == 1 || a.stride(1) == 1);
+    ok = a.shape(1) == row && (row == 1 || stride(a, 1) == 1);
   } else if (a.ndim() == 3) {
-    ok = a.shape(1) == heads && a.shape(2) == dim && (dim == 1 || a.stride(2) == 1) &&
-         (heads == 1 || a.stride(1) == dim);
+    ok = a.shape(1) == heads && a.shape(2) == dim && (dim == 1 || stride(a, 2) == 1) &&
+         (heads == 1 || stride(a, 1) == dim);
   }
   if (!ok)
     value_error("'", name, "': expected shape (rows, ", heads, ", ", dim, ") or (rows, ", row,
                 ") with each row's values contiguous, got shape ", shape_str(a), " strides ", strides_str(a));
   const int64_t n = a.shape(0);
-  int64_t stride = a.stride(0);
-  if (n <= 1) stride = (row + 7) / 8 * 8;
-  if (stride < row || stride % 8 != 0)
-    value_error("'", name, "': row stride ", stride, " elements; expected >= ", row,
+  int64_t row_stride = stride(a, 0);
+  if (n <= 1) row_stride = (row + 7) / 8 * 8;
+  if (row_stride < row || row_stride % 8 != 0)
+    value_error("'", name, "': row stride ", row_stride, " elements; expected >= ", row,
                 " and a multiple of 8 (16-byte aligned rows)");
-  return Rows{a.data(), n, stride};
+  return Rows{a.data(), n, row_stride};
 }
 
 template <class A>
@@ -299,15 +310,15 @@ void bf16_absmax(const In& x, const Out& absmax, uintptr_t stream) {
     int64_t expect = 1;
     bool ok = true;
     for (size_t i = x.ndim(); i-- > 1;) {
-      if (x.shape(i) != 1 && x.stride(i) != expect) ok = false;
+      if (x.shape(i) != 1 && stride(x, i) != expect) ok = false;
       expect *= x.shape(i);
     }
-    if (!ok || x.stride(0) < expect)
+    if (!ok || stride(x, 0) < expect)
       value_error("'x': expected rows of contiguous values (only the first dimension strided), got shape ",
                   shape_str(x), " strides ", strides_str(x));
     num_rows = x.shape(0);
     row_len = expect;
-    row_stride = x.stride(0);
+    row_stride = stride(x, 0);
   }
   const bf16* p = static_cast<const bf16*>(x.data());
   float* out = static_cast<float*>(absmax.data());

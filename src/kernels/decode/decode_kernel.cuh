@@ -73,9 +73,11 @@ struct DecodeConfig {
   // flight, so narrower formats load more steps at once: about the same
   // bytes per thread for every format, bounded by registers.
   static constexpr int kStepBytesPerThread = kRowBytes;  // two K quarter rows + four V eighth rows
-  // Budgets chosen so that no instantiation spills (ptxas -v).
+  // Budgets chosen so that no instantiation spills (ptxas -v); more steps
+  // in flight (nvfp4 384) or 3 CTAs per SM (168 registers, spills) were
+  // measured slower (bench/RESULTS.md, v5).
   static constexpr int kInFlightBytes =
-      D <= 128 ? (Fmt::kBits == 16 ? 512 : Fmt::kBits == 8 ? 512 : 256) : (Fmt::kBits == 16 ? 512 : Fmt::kBits == 8 ? 512 : 256);
+      Fmt::kBits == 4 ? 256 : 512;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
   // Split into two register stages (software pipeline) when possible.
@@ -279,8 +281,10 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
   auto compute = [&](StepBuffers<Cfg>& b) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      // s = S^T rows (tokens g, g+8) x columns (q heads 2c, 2c+1).
-      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      // s = S^T rows (tokens g, g+8) x columns (q heads 2c, 2c+1), summed
+      // in two independent MMA chains (even / odd k-steps): a chain of
+      // dependent MMAs pays the full MMA latency per link.
+      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
         uint32_t a[4];
@@ -292,8 +296,10 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
         }
         Fmt::k_pair(b.kw[u][0], kk, ks0, a[0], a[2]);
         Fmt::k_pair(b.kw[u][1], kk, ks1, a[1], a[3]);
-        mma_16816<Op>(s, a, qf[kk][0], qf[kk][1]);
+        mma_16816<Op>(kk % 2 ? s_odd : s, a, qf[kk][0], qf[kk][1]);
       }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[r] += s_odd[r];
       // Logits in log2 units; positions outside [first_pos, seq_len) are masked.
       // Most steps lie wholly inside the attended range (warp-uniform test)
       // and skip the V masking below.
