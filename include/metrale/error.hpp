@@ -4,9 +4,10 @@
 // expected, so a serving engine's log line is enough to find the bad call.
 #pragma once
 
-#include <sstream>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace metrale {
 
@@ -36,17 +37,42 @@ class CudaError : public Error {
 };
 
 namespace detail {
+// Message text without iostreams: an ostream's numeric insertion goes
+// through the global locale's facets, and a Python process that loaded
+// another libstdc++ build (PyTorch's dependencies) was seen to crash there.
+inline std::string to_text(const std::string& v) { return v; }
+inline std::string to_text(const char* v) { return v ? v : "(null)"; }
+inline std::string to_text(char v) { return std::string(1, v); }
+inline std::string to_text(bool v) { return v ? "true" : "false"; }
+inline std::string to_text(const void* v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", v);
+  return b;
+}
+template <class T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+std::string to_text(T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.9g", double(v));
+    return b;
+  } else {
+    return std::to_string(v);
+  }
+}
+template <class... T>
+std::string concat(const T&... parts) {
+  std::string s;
+  ((s += to_text(parts)), ...);
+  return s;
+}
+
 template <class T>
 [[noreturn]] void throw_invalid(const char* arg, const T& value, const std::string& expected) {
-  std::ostringstream os;
-  os << "metrale: invalid argument '" << arg << "' = " << value << "; expected " << expected;
-  throw InvalidArgument(os.str());
+  throw InvalidArgument(concat("metrale: invalid argument '", arg, "' = ", value, "; expected ", expected));
 }
 template <class T>
 [[noreturn]] void throw_unsupported(const char* arg, const T& value, const std::string& supported) {
-  std::ostringstream os;
-  os << "metrale: unsupported '" << arg << "' = " << value << "; supported: " << supported;
-  throw Unsupported(os.str());
+  throw Unsupported(concat("metrale: unsupported '", arg, "' = ", value, "; supported: ", supported));
 }
 }  // namespace detail
 

@@ -20,7 +20,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <tuple>
 
@@ -44,17 +43,15 @@ struct Where {
 
 std::string where_str(const Where& w) { return w.dev == Dev::cpu ? std::string("cpu") : "cuda:" + std::to_string(w.id); }
 
+// Messages are built without iostreams (see metrale/error.hpp).
+using metrale::detail::concat;
 template <class... T>
 [[noreturn]] void value_error(const T&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  throw nb::value_error(os.str().c_str());
+  throw nb::value_error(concat(parts...).c_str());
 }
 template <class... T>
 [[noreturn]] void type_error(const T&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  throw nb::type_error(os.str().c_str());
+  throw nb::type_error(concat(parts...).c_str());
 }
 
 std::string dtype_str(nb::dlpack::dtype t) {
@@ -87,20 +84,16 @@ int64_t stride(const A& a, size_t i) {
 
 template <class A>
 std::string shape_str(const A& a) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << a.shape(i);
-  if (a.ndim() == 1) os << ",";
-  os << ")";
-  return os.str();
+  std::string s = "(";
+  for (size_t i = 0; i < a.ndim(); ++i) s += concat(i ? ", " : "", a.shape(i));
+  if (a.ndim() == 1) s += ",";
+  return s + ")";
 }
 template <class A>
 std::string strides_str(const A& a) {
-  std::ostringstream os;
-  os << "(";
-  for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << stride(a, i);
-  os << ") elements";
-  return os.str();
+  std::string s = "(";
+  for (size_t i = 0; i < a.ndim(); ++i) s += concat(i ? ", " : "", stride(a, i));
+  return s + ") elements";
 }
 
 template <class A>
@@ -570,11 +563,9 @@ NB_MODULE(_metrale, m) {
       .def_prop_ro("cache_bytes", &KvCacheLayout::cache_bytes)
       .def_prop_ro("kv_bytes_per_token", &KvCacheLayout::kv_bytes_per_token)
       .def("__repr__", [](const KvCacheLayout& l) {
-        std::ostringstream os;
-        os << "KvCacheLayout(format=" << to_string(l.format) << ", num_blocks=" << l.num_blocks
-           << ", block_size=" << l.block_size << ", num_kv_heads=" << l.num_kv_heads << ", head_dim=" << l.head_dim
-           << ", page_stride_bytes=" << l.page_stride_bytes << ", data_section_bytes=" << l.data_section_bytes << ")";
-        return os.str();
+        return concat("KvCacheLayout(format=", to_string(l.format), ", num_blocks=", l.num_blocks,
+                      ", block_size=", l.block_size, ", num_kv_heads=", l.num_kv_heads, ", head_dim=", l.head_dim,
+                      ", page_stride_bytes=", l.page_stride_bytes, ", data_section_bytes=", l.data_section_bytes, ")");
       });
 
   m.def("fp8_scale_from_absmax", &fp8_scale_from_absmax, nb::arg("absmax"));

@@ -207,14 +207,24 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
   // V tokens of a thread: 2c + vtok(t), t = 0..3.
   auto vtok = [](int t) { return (t & 1) + 8 * (t >> 1); };
 
+  // Warps take groups of U consecutive steps round-robin.
+  constexpr int kStride = Cfg::kWarps * U;
+  // Page ids are read one load call ahead (pf[u] holds the page of step
+  // st0 + u of the next call), so the K/V loads of a step never wait on the
+  // block-table read that locates them: at small batch that read would
+  // double the memory latency on every step group's critical path.
+  auto page_of = [&](int st) { return st < total_steps ? __ldg(table + pages.first + (st >> spp_shift)) : 0; };
+  int32_t pf[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) pf[u] = page_of(warp * U + u);
+
   // Issues the loads of steps st0 .. st0+U-1 of this warp into `b` (steps
   // past the split or on a corrupt page load nothing and stay zero).
   auto load = [&](StepBuffers<Cfg>& b, int st0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int st = st0 + u;
-      const int page_idx = pages.first + (st >> spp_shift);
-      const int32_t page = st < total_steps ? table[page_idx] : 0;
+      const int32_t page = pf[u];
       const bool page_ok = page >= 0 && page < p.num_blocks;
       bad_page |= !page_ok;  // corrupt table: never dereference, poison the output
       const bool live = st < total_steps && page_ok;
@@ -275,6 +285,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
             }
       }
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u) pf[u] = page_of(st0 + kStride + u);
   };
 
   // Attention over the steps held in `b`: QK, online softmax, PV.
@@ -282,8 +294,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       // s = S^T rows (tokens g, g+8) x columns (q heads 2c, 2c+1), summed
-      // in two independent MMA chains (even / odd k-steps): a chain of
-      // dependent MMAs pays the full MMA latency per link.
+      // in two independent MMA chains (even / odd k-steps) where registers
+      // allow: a chain of dependent MMAs pays the full MMA latency per link.
       float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
@@ -296,7 +308,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
         }
         Fmt::k_pair(b.kw[u][0], kk, ks0, a[0], a[2]);
         Fmt::k_pair(b.kw[u][1], kk, ks1, a[1], a[3]);
-        mma_16816<Op>(kk % 2 ? s_odd : s, a, qf[kk][0], qf[kk][1]);
+        mma_16816<Op>(kk % 2 && D <= 128 ? s_odd : s, a, qf[kk][0], qf[kk][1]);
       }
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[r] += s_odd[r];
@@ -383,7 +395,6 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
 
   // Two register stages where the budget allows: the loads of the next
   // steps are in flight while the current ones are computed.
-  constexpr int kStride = Cfg::kWarps * U;
   StepBuffers<Cfg> buf[Cfg::kStages];
   int st0 = warp * U;
   if constexpr (Cfg::kStages == 1) {
