@@ -22,9 +22,10 @@
 // Every thread loads whole 16-byte vectors of token rows straight from
 // global memory:
 //   K: thread (g = lane/4, c = lane%4) loads tokens g and g+8 of the step,
-//      vectors i*4 + c of each row; head_dim position d feeds QK k-step kk
-//      through the permutation d = (i*4 + c)*EK + 4h + r (EK elements per
-//      vector, kk = i*EK/4 + h), applied to Q as well.
+//      vectors i*4 + c of each row (EK elements each); element e of that
+//      quarter row feeds fragment slot r of QK k-step kk where
+//      e = Fmt::k_elem(kk, r) (4kk + r, or the order NVFP4 unpacks in), and
+//      Q is loaded in the same permutation.
 //   V: thread (g, c) loads tokens 2c, 2c+1, 2c+8, 2c+9 of the step, vectors
 //      i*8 + g; element e of that eighth row (d = (i*8 + g)*EV + e%EV, EV
 //      elements per vector) is row g + 8*(e%2) of output tile e/2.
@@ -97,7 +98,7 @@ struct DecodeConfig {
   static_assert(kKVecBytes >= 4 && kVVecBytes >= 4, "rows too narrow for word loads");
   static_assert(kKElemsPerVec % 4 == 0, "a k-step takes 4 elements per thread");
   static_assert(!Fmt::kScaled || kKElemsPerVec % 16 == 0, "K vectors must hold whole NVFP4 groups");
-  static_assert(D / 8 % 2 == 0, "a V eighth row feeds whole tiles");
+  static_assert(kDTiles % 2 == 0, "V is converted two tiles at a time");
 };
 
 // Raw cache bytes of kUnroll 16-token steps, as one thread loaded them:
@@ -163,20 +164,23 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
   const PageRange pages = split_pages(attended_pages(seq_len, p.sliding_window, p.block_size), split, p.num_splits);
 
   // Q^T as B fragments of the QK k-steps, in registers: q head g of the
-  // tile (zero past the group), head_dim positions of the K permutation.
+  // tile (zero past the group), head_dim positions of the K permutation:
+  // slot r of k-step kk takes element Fmt::k_elem(kk, r) of the thread's K
+  // stream, which is element e % EK of vector e / EK, i.e. head_dim
+  // position ((e / EK) * 4 + c) * EK + e % EK.
   uint32_t qf[Cfg::kKSteps][2];
+  const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * D;
 #pragma unroll
   for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
-    const int i = kk / (Cfg::kKElemsPerVec / 4), h = kk % (Cfg::kKElemsPerVec / 4);
-    const int d0 = (i * 4 + c) * Cfg::kKElemsPerVec + 4 * h;
-    uint2 raw = make_uint2(0, 0);
-    if (g < cols) raw = *reinterpret_cast<const uint2*>(p.q + seq * p.q_stride + int64_t(head0 + g) * D + d0);
-    if constexpr (std::is_same_v<Op, Bf16Op>) {
-      qf[kk][0] = raw.x, qf[kk][1] = raw.y;
-    } else {
-      qf[kk][0] = pack2<Op>(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u));
-      qf[kk][1] = pack2<Op>(__uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
+    float x[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      constexpr int kEK = Cfg::kKElemsPerVec;
+      const int e = Fmt::k_elem(kk, r);
+      x[r] = g < cols ? codec::bf16_to_float(q_row[((e / kEK) * 4 + c) * kEK + e % kEK]) : 0.0f;
     }
+    qf[kk][0] = pack2<Op>(x[0], x[1]);  // exact for bf16; f16 holds every bf16 q in its range
+    qf[kk][1] = pack2<Op>(x[2], x[3]);
   }
 
   // O^T tiles: o[m] = rows (g, g+8) of head_dim tile m, q heads (2c, 2c+1).
@@ -375,8 +379,10 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
           }
         }
       }
+      // Two tiles at a time: elements 2m .. 2m+3 of the V eighth rows (one
+      // NVFP4 scale group: groups are 8 or 16 aligned elements).
 #pragma unroll
-      for (int m = 0; m < Cfg::kDTiles; ++m) {
+      for (int m = 0; m < Cfg::kDTiles; m += 2) {
         uint32_t vs01 = 0, vs89 = 0;
         if constexpr (Fmt::kScaled) {
           constexpr int kEV = Cfg::kVElemsPerVec;
@@ -385,10 +391,12 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
           vs01 = Nvfp4Format::scale_pair(uint32_t(b.vs[u][0][i]) | (uint32_t(b.vs[u][1][i]) << 8));
           vs89 = Nvfp4Format::scale_pair(uint32_t(b.vs[u][2][i]) | (uint32_t(b.vs[u][3][i]) << 8));
         }
-        uint32_t a[4];
-        Fmt::v_pair(b.vw[u][0], b.vw[u][1], 2 * m, vs01, a[0], a[1]);
-        Fmt::v_pair(b.vw[u][2], b.vw[u][3], 2 * m, vs89, a[2], a[3]);
-        mma_16816<Op>(o[m], a, pb0, pb1);
+        uint32_t lo[4], hi[4];  // (tokens 2c, 2c+1) and (2c+8, 2c+9): tiles m, m+1
+        Fmt::v_quad(b.vw[u][0], b.vw[u][1], 2 * m, vs01, lo);
+        Fmt::v_quad(b.vw[u][2], b.vw[u][3], 2 * m, vs89, hi);
+        const uint32_t a0[4] = {lo[0], lo[1], hi[0], hi[1]}, a1[4] = {lo[2], lo[3], hi[2], hi[3]};
+        mma_16816<Op>(o[m], a0, pb0, pb1);
+        mma_16816<Op>(o[m + 1], a1, pb0, pb1);
       }
     }
   };

@@ -6,8 +6,13 @@
 //   kBits                 bits per element of the cache rows
 //   Op                    MMA operand type (Bf16Op, F16Op)
 //   kScaled               rows carry E4M3 group scales (NVFP4)
-//   k_pair(words, kk, s)  the two B-fragment registers of QK k-step kk
-//   v_pair(...)           two PV B-fragment registers (n-tiles j, j+1)
+//   k_elem(kk, r)         which element of a thread's K stream fragment slot
+//                         r (0-1: first register, 2-3: second) of QK k-step
+//                         kk holds; Q is loaded in the same order
+//   k_pair(words, kk, s)  the two A-fragment registers of QK k-step kk for one
+//                         token
+//   v_quad(wa, wb, j, s)  PV A-fragment registers of a token pair (a, b):
+//                         elements j, j+1 (one tile) and j+2, j+3 (the next)
 //   kOperandFactor        power of two the operands were shifted by
 //
 // Addressing (why the permutations): the dot product over head_dim and the
@@ -27,6 +32,7 @@ struct Bf16Format {
   static constexpr bool kScaled = false;
   static constexpr float kOperandFactor = 1.0f;
   using Op = Bf16Op;
+  __host__ __device__ static constexpr int k_elem(int kk, int r) { return 4 * kk + r; }
   // Elements 4kk..4kk+3 of the thread's K stream are words 2kk, 2kk+1.
   template <int N>
   __device__ __forceinline__ static void k_pair(const uint32_t (&w)[N], int kk, uint32_t /*scale*/, uint32_t& b0,
@@ -42,6 +48,12 @@ struct Bf16Format {
     r0 = byte_perm(wa[j / 2], wb[j / 2], 0x5410);
     r1 = byte_perm(wa[j / 2], wb[j / 2], 0x7632);
   }
+  template <int N>
+  __device__ __forceinline__ static void v_quad(const uint32_t (&wa)[N], const uint32_t (&wb)[N], int j,
+                                                uint32_t scales, uint32_t (&r)[4]) {
+    v_pair(wa, wb, j, scales, r[0], r[1]);
+    v_pair(wa, wb, j + 2, scales, r[2], r[3]);
+  }
 };
 
 struct Fp8Format {
@@ -49,6 +61,7 @@ struct Fp8Format {
   static constexpr bool kScaled = false;
   static constexpr float kOperandFactor = 1.0f;
   using Op = F16Op;
+  __host__ __device__ static constexpr int k_elem(int kk, int r) { return 4 * kk + r; }
   template <int N>
   __device__ __forceinline__ static void k_pair(const uint32_t (&w)[N], int kk, uint32_t, uint32_t& b0,
                                                 uint32_t& b1) {
@@ -60,6 +73,12 @@ struct Fp8Format {
     const int k = j % 4;  // byte of the word holding element j
     const uint32_t sel = uint32_t(k) | uint32_t(k + 4) << 4 | uint32_t(k + 1) << 8 | uint32_t(k + 5) << 12;
     e4m3x4_to_f16x2x2(byte_perm(wa[j / 4], wb[j / 4], sel), r0, r1);
+  }
+  template <int N>
+  __device__ __forceinline__ static void v_quad(const uint32_t (&wa)[N], const uint32_t (&wb)[N], int j,
+                                                uint32_t scales, uint32_t (&r)[4]) {
+    v_pair(wa, wb, j, scales, r[0], r[1]);
+    v_pair(wa, wb, j + 2, scales, r[2], r[3]);
   }
 };
 
@@ -81,30 +100,38 @@ struct Nvfp4Format {
   __device__ __forceinline__ static uint32_t high_nibbles_e4m3(uint32_t w) {
     return ((w >> 2) & 0x1c1c1c1cu) | (w & 0x80808080u);
   }
+  // A word of 8 codes unpacks into low-nibble bytes (codes 0, 2, 4, 6) and
+  // high-nibble bytes (1, 3, 5, 7) with no byte permute; k-step kk takes
+  // half kk%2 of both: slots (r0, r1, r2, r3) = codes 4h + (0, 2, 1, 3) of
+  // word kk/2.
+  __host__ __device__ static constexpr int k_elem(int kk, int r) {
+    return 8 * (kk / 2) + 4 * (kk % 2) + 2 * (r % 2) + r / 2;
+  }
   // `scale` is the f16x2 (s, s) of the group holding these elements.
   template <int N>
   __device__ __forceinline__ static void k_pair(const uint32_t (&w)[N], int kk, uint32_t scale, uint32_t& b0,
                                                 uint32_t& b1) {
-    const uint32_t word = w[kk / 2];
-    const uint32_t byte = 2 * (kk % 2);  // elements 4kk..4kk+3 = nibbles of bytes byte, byte+1
-    const uint32_t t = byte_perm(low_nibbles_e4m3(word), high_nibbles_e4m3(word),
-                                 byte | (byte + 4) << 4 | (byte + 1) << 8 | (byte + 5) << 12);
-    e4m3x4_to_f16x2x2(t, b0, b1);
-    b0 = hmul2(b0, scale);
-    b1 = hmul2(b1, scale);
+    uint32_t l0, l1, h0, h1;  // identical conversions of the sibling k-step are shared (CSE)
+    e4m3x4_to_f16x2x2(low_nibbles_e4m3(w[kk / 2]), l0, l1);
+    e4m3x4_to_f16x2x2(high_nibbles_e4m3(w[kk / 2]), h0, h1);
+    b0 = hmul2(kk % 2 ? l1 : l0, scale);
+    b1 = hmul2(kk % 2 ? h1 : h0, scale);
   }
-  // `scales` is the f16x2 (s_a, s_b) of the group holding element j.
+  // One permute gathers bytes j/2 and j/2+1 of both tokens, (a, b, a', b');
+  // their low nibbles are elements (j, j+2) and high nibbles (j+1, j+3).
+  // `scales` is the f16x2 (s_a, s_b) of the group holding elements j..j+3.
   template <int N>
-  __device__ __forceinline__ static void v_pair(const uint32_t (&wa)[N], const uint32_t (&wb)[N], int j,
-                                                uint32_t scales, uint32_t& r0, uint32_t& r1) {
-    const uint32_t k = (j / 2) % 4;  // byte holding elements j (low nibble) and j+1 (high nibble)
-    // One permute gathers (a_j, b_j, a_j+1, b_j+1) as E4M3 bytes.
-    const uint32_t wa_ = wa[j / 8], wb_ = wb[j / 8];
-    const uint32_t lo = byte_perm(low_nibbles_e4m3(wa_), low_nibbles_e4m3(wb_), k | (k + 4) << 4);
-    const uint32_t hi = byte_perm(high_nibbles_e4m3(wa_), high_nibbles_e4m3(wb_), k | (k + 4) << 4);
-    e4m3x4_to_f16x2x2(byte_perm(lo, hi, 0x5410), r0, r1);
-    r0 = hmul2(r0, scales);
-    r1 = hmul2(r1, scales);
+  __device__ __forceinline__ static void v_quad(const uint32_t (&wa)[N], const uint32_t (&wb)[N], int j,
+                                                uint32_t scales, uint32_t (&r)[4]) {
+    const uint32_t k = (j / 2) % 4;  // even: bytes k, k+1 share a word
+    const uint32_t x = byte_perm(wa[j / 8], wb[j / 8], k | (k + 4) << 4 | (k + 1) << 8 | (k + 5) << 12);
+    uint32_t lo0, lo1, hi0, hi1;
+    e4m3x4_to_f16x2x2(low_nibbles_e4m3(x), lo0, lo1);
+    e4m3x4_to_f16x2x2(high_nibbles_e4m3(x), hi0, hi1);
+    r[0] = hmul2(lo0, scales);  // (a_j, b_j)
+    r[1] = hmul2(hi0, scales);  // (a_j+1, b_j+1)
+    r[2] = hmul2(lo1, scales);  // (a_j+2, b_j+2)
+    r[3] = hmul2(hi1, scales);  // (a_j+3, b_j+3)
   }
   // Two E4M3 scale codes (bits 0-7, 8-15) -> f16x2, exact.
   __device__ __forceinline__ static uint32_t scale_pair(uint32_t codes16) { return e4m3x2_to_f16x2(codes16); }
