@@ -15,12 +15,19 @@
 //    the host so a tile is about one block's worth of chunks); tiles are
 //    visited with a grid-stride loop over a capped grid, so any num_tokens
 //    (< 2^31) launches within the grid limits. All address math is 64-bit.
-//  * Quantization is exactly the scalar codecs of metrale/codec.hpp (the same
-//    functions the CPU reference calls): fp8 code = e4m3_rne_satfinite(x *
-//    inv_scale) with inv_scale computed on the host; nvfp4 via
-//    nvfp4_quantize_group(values, global_scale, packed). No fast-math: the
-//    codecs contain no multiply-add pairs to contract, and nvcc's default f32
-//    division is IEEE round-to-nearest.
+//  * A thread issues its chunk's loads together with the slot_mapping load
+//    (the source row does not depend on the slot), so the two latencies
+//    overlap instead of adding up.
+//  * Quantization is bit-identical to the scalar codecs of metrale/codec.hpp
+//    (the functions the CPU reference calls), through the faster equivalents
+//    of quantize_fast.cuh: fp8 code = e4m3_rne_satfinite(x * inv_scale) with
+//    inv_scale computed on the host, the product rounded to f32 and then
+//    converted by the hardware cvt.rn.satfinite.e4m3x2 (NaN codes
+//    canonicalised); nvfp4 groups through fastq::nvfp4_quantize_group
+//    (integer amax, the codec's scale and IEEE divisions, branch-free E2M1
+//    rounding). No fast-math: the one f32 add (E2M1 rounding) is an explicit
+//    __fadd_rn, so no product is contracted into an FMA, and nvcc's default
+//    f32 division is IEEE round-to-nearest.
 //  * A slot < 0 is padding (skipped). A slot >= capacity is skipped and
 //    counted: the thread holding a token's first chunk counts it; counts are
 //    summed per warp and added with one atomicAdd per warp that saw any.
@@ -29,6 +36,7 @@
 #include <cstdint>
 
 #include "host/validate.hpp"
+#include "kernels/cache/quantize_fast.cuh"
 #include "kernels/common/cuda_check.hpp"
 #include "metrale/codec.hpp"
 #include "metrale/cuda.hpp"
@@ -63,8 +71,8 @@ struct CacheWriteParams {
   int32_t tokens_per_tile;
 };
 
-__device__ __forceinline__ void load16(const bf16* p, float* out) {
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+// Unpacks 8 bf16 (one 16-byte word) into f32; exact.
+__device__ __forceinline__ void unpack8(const uint4 v, float* out) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -73,50 +81,56 @@ __device__ __forceinline__ void load16(const bf16* p, float* out) {
   }
 }
 
-// ---- format policies: elements per chunk and how a chunk is stored ----
+// ---- format policies: elements per chunk, the raw chunk a thread loads,
+// and how it is stored ----
 struct Bf16Policy {
   static constexpr int kElems = 8;
-  __device__ static void store(const bf16* src, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+  struct Raw {
+    uint4 v;
+  };
+  __device__ static Raw load(const bf16* src) { return {__ldg(reinterpret_cast<const uint4*>(src))}; }
+  __device__ static void store(const Raw& r, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
                                int64_t /*data_section*/, float /*param*/) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));  // copied bit for bit
-    *reinterpret_cast<uint4*>(page + ((row * D) << 1) + chunk * 16) = v;
+    *reinterpret_cast<uint4*>(page + ((row * D) << 1) + chunk * 16) = r.v;  // copied bit for bit
   }
 };
 
 struct Fp8Policy {
   static constexpr int kElems = 16;
-  __device__ static void store(const bf16* src, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+  struct Raw {
+    uint4 v[2];
+  };
+  __device__ static Raw load(const bf16* src) {
+    const uint4* p = reinterpret_cast<const uint4*>(src);
+    return {{__ldg(p), __ldg(p + 1)}};
+  }
+  __device__ static void store(const Raw& r, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
                                int64_t /*data_section*/, float inv_scale) {
     float x[16];
-    load16(src, x);
-    load16(src + 8, x + 8);
+    unpack8(r.v[0], x);
+    unpack8(r.v[1], x + 8);
+    // The product is rounded to f32 first, exactly as the reference does.
     uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      w[i] = uint32_t(codec::e4m3_rne_satfinite(x[4 * i] * inv_scale)) |
-             (uint32_t(codec::e4m3_rne_satfinite(x[4 * i + 1] * inv_scale)) << 8) |
-             (uint32_t(codec::e4m3_rne_satfinite(x[4 * i + 2] * inv_scale)) << 16) |
-             (uint32_t(codec::e4m3_rne_satfinite(x[4 * i + 3] * inv_scale)) << 24);
-    }
+    for (int i = 0; i < 4; ++i)
+      w[i] = fastq::e4m3x4_rne_satfinite(x[4 * i] * inv_scale, x[4 * i + 1] * inv_scale, x[4 * i + 2] * inv_scale,
+                                         x[4 * i + 3] * inv_scale);
     *reinterpret_cast<uint4*>(page + row * D + chunk * 16) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 };
 
 struct Nvfp4Policy {
   static constexpr int kElems = 16;  // one scale group
-  __device__ static void store(const bf16* src, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+  using Raw = Fp8Policy::Raw;
+  __device__ static Raw load(const bf16* src) { return Fp8Policy::load(src); }
+  __device__ static void store(const Raw& r, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
                                int64_t data_section, float global_scale) {
     float x[16];
-    load16(src, x);
-    load16(src + 8, x + 8);
-    uint8_t packed[8];
-    const uint8_t s = codec::nvfp4_quantize_group(x, global_scale, packed);
-    uint2 v;
-    v.x = uint32_t(packed[0]) | (uint32_t(packed[1]) << 8) | (uint32_t(packed[2]) << 16) |
-          (uint32_t(packed[3]) << 24);
-    v.y = uint32_t(packed[4]) | (uint32_t(packed[5]) << 8) | (uint32_t(packed[6]) << 16) |
-          (uint32_t(packed[7]) << 24);
-    *reinterpret_cast<uint2*>(page + ((row * D) >> 1) + chunk * 8) = v;
+    unpack8(r.v[0], x);
+    unpack8(r.v[1], x + 8);
+    uint32_t packed[2];
+    const uint8_t s = fastq::nvfp4_quantize_group(x, global_scale, packed);
+    *reinterpret_cast<uint2*>(page + ((row * D) >> 1) + chunk * 8) = make_uint2(packed[0], packed[1]);
     page[data_section + row * (D >> 4) + chunk] = s;
   }
 };
@@ -138,23 +152,27 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const __gri
       const int32_t lt = it / cpt;
       const int32_t rem = it - lt * cpt;
       const int64_t token = tok0 + lt;
-      const int64_t slot = __ldg(p.slot_mapping + token);
-      if (slot < 0) continue;  // padding token
-      if (slot >= p.capacity) {
-        skipped += (rem == 0);
-        continue;
-      }
       const int32_t r = rem >> p.log2_chunks_per_row;  // 0..2H-1: K heads then V heads
       const int32_t chunk = rem & cpr_mask;
       const bool is_v = r >= H;
       const int32_t h = is_v ? r - H : r;
       const bf16* src = is_v ? p.value + token * p.value_stride : p.key + token * p.key_stride;
       src += int64_t(h) * p.head_dim + int64_t(chunk) * P::kElems;
+      // The source row does not depend on the slot: issue its loads together
+      // with the slot's so the two latencies overlap (a padding token's row
+      // is read for nothing, but it lies inside the key/value input).
+      const typename P::Raw raw = P::load(src);
+      const int64_t slot = __ldg(p.slot_mapping + token);
+      if (slot < 0) continue;  // padding token
+      if (slot >= p.capacity) {
+        skipped += (rem == 0);
+        continue;
+      }
       const int64_t block = slot >> p.log2_block_size;
       const int64_t offset = slot & ((int64_t(1) << p.log2_block_size) - 1);
       uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
       const int64_t row = offset * H + h;  // (t*H + h) within the page
-      P::store(src, page, row, chunk, p.head_dim, p.data_section_bytes, is_v ? p.v_param : p.k_param);
+      P::store(raw, page, row, chunk, p.head_dim, p.data_section_bytes, is_v ? p.v_param : p.k_param);
     }
   }
 
