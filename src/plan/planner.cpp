@@ -18,7 +18,7 @@ namespace {
 // Splitting past one resident wave only adds tails and reduce work
 // (measured with `metrale_bench --mode oracle`, bench/RESULTS.md).
 constexpr int32_t kCtasPerSmTarget = 2;
-// One 8-token step per warp of a 4-warp CTA, 4 times over: below this a
+// Two 16-token steps per warp of a 4-warp CTA: below this a
 // split's prologue, epilogue and record cost more than its parallelism gains.
 constexpr int32_t kMinTokensPerSplit = 128;
 }  // namespace

@@ -1,12 +1,12 @@
 // Warp-level tensor-core MMAs (mma.sync, sm_80+) and the packed conversions
 // the decode kernel feeds them with. Fragment layouts are PTX ISA's
-// "Matrix Fragments for mma.m16n8k16 / m16n8k8": with g = lane/4, c = lane%4,
+// "Matrix Fragments for mma.m16n8k16": with g = lane/4, c = lane%4,
 //   A (16x16, row): a0a1 (row g, k 2c..2c+1), a2a3 (row g+8, same k),
 //                   a4a5 (row g, k 2c+8..), a6a7 (row g+8, k 2c+8..)
 //   B (16x8, col):  b0b1 (k 2c..2c+1, col g), b2b3 (k 2c+8.., col g)
 //   C (16x8, f32):  c0 c1 (row g, cols 2c, 2c+1), c2 c3 (row g+8, same cols)
-// m16n8k8 takes A = {a0a1, a2a3} and B = {b0b1}: exactly the C layout of a
-// previous product, which is why the softmax weights never leave registers.
+// Packed to 16 bits, each 8x8 half of C is a row-per-4-lanes matrix whose
+// transpose (movmatrix) is the matching half of a B fragment.
 #pragma once
 
 #include <cstdint>
@@ -34,22 +34,6 @@ __device__ __forceinline__ void mma_16816<F16Op>(float (&d)[4], const uint32_t (
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <class Op>
-__device__ __forceinline__ void mma_1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0);
-
-template <>
-__device__ __forceinline__ void mma_1688<Bf16Op>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(b0));
-}
-template <>
-__device__ __forceinline__ void mma_1688<F16Op>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(b0));
 }
 
 // Transposes an 8x8 matrix of 16-bit values held one row per 4 lanes (lane

@@ -219,21 +219,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
   // double the memory latency on every step group's critical path.
   auto page_of = [&](int st) { return st < total_steps ? __ldg(table + pages.first + (st >> spp_shift)) : 0; };
   int32_t pf[U];
-  if (p.num_splits == 1 && p.sliding_window == 0) {
-    // The first pages are then known before seq_len arrives (the range
-    // starts at page 0): read them at once instead of after seq_len, which
-    // takes one memory latency off every CTA's start (short sequences).
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int idx = (warp * U + u) >> spp_shift;
-      pf[u] = idx < p.max_blocks_per_seq ? __ldg(table + idx) : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) pf[u] = warp * U + u < total_steps ? pf[u] : 0;
-  } else {
-#pragma unroll
-    for (int u = 0; u < U; ++u) pf[u] = page_of(warp * U + u);
-  }
+  for (int u = 0; u < U; ++u) pf[u] = page_of(warp * U + u);
 
   // Issues the loads of steps st0 .. st0+U-1 of this warp into `b` (steps
   // past the split or on a corrupt page load nothing and stay zero).
