@@ -6,7 +6,7 @@
 // head's cache: the GQA group is the N dimension of the tensor-core MMAs
 // (columns beyond the group are zero and never stored). The CTA's 4 warps
 // take groups of kUnroll consecutive 16-token steps of the split's pages
-// round-robin, loading the next group into a second register stage while
+// round-robin, loading the next groups into further register stages while
 // computing the current one; each warp keeps its own online-softmax state
 // and output accumulator in registers, with no barrier in the main loop,
 // and the warps merge through shared memory at the end.
@@ -81,8 +81,13 @@ struct DecodeConfig {
       Fmt::kBits == 4 ? 256 : 512;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
-  // Split into two register stages (software pipeline) when possible.
-  static constexpr int kStages = kInFlightSteps >= 2 ? 2 : 1;
+  // Register stages of the software pipeline: with S stages of U steps a
+  // step's loads are issued (S-1)*U steps of compute before it is used, for
+  // the same S*U steps of registers, so prefer many single-step stages.
+#ifndef METRALE_TUNE_MAXSTAGES
+#define METRALE_TUNE_MAXSTAGES 4
+#endif
+  static constexpr int kStages = kInFlightSteps >= METRALE_TUNE_MAXSTAGES ? METRALE_TUNE_MAXSTAGES : kInFlightSteps;
   static constexpr int kUnroll = kInFlightSteps / kStages;
   // NVFP4 group scales per thread and token (one per 16 elements).
   static constexpr int kKScaleBytes = Fmt::kScaled ? kKVecs * kKElemsPerVec / 16 : 1;
@@ -401,25 +406,25 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
     }
   };
 
-  // Two register stages where the budget allows: the loads of the next
-  // steps are in flight while the current ones are computed.
-  StepBuffers<Cfg> buf[Cfg::kStages];
+  // The pipeline: stage k's buffer is computed while the loads of the
+  // kStages-1 following step groups are in flight. The stage loop is
+  // unrolled so that every buffer index is static (registers, not local
+  // memory).
+  constexpr int S = Cfg::kStages;
+  StepBuffers<Cfg> buf[S];
   int st0 = warp * U;
-  if constexpr (Cfg::kStages == 1) {
-    for (; st0 < total_steps; st0 += kStride) {
-      load(buf[0], st0);
-      compute(buf[0]);
-    }
-  } else {
-    load(buf[0], st0);
-    while (st0 < total_steps) {
-      load(buf[1], st0 + kStride);
-      compute(buf[0]);
-      st0 += kStride;
-      if (st0 >= total_steps) break;
-      load(buf[0], st0 + kStride);
-      compute(buf[1]);
-      st0 += kStride;
+#pragma unroll
+  for (int k = 0; k + 1 < S; ++k) load(buf[k], st0 + k * kStride);
+  bool more = st0 < total_steps;
+  while (more) {
+#pragma unroll
+    for (int k = 0; k < S; ++k) {
+      if (more) {
+        load(buf[(k + S - 1) % S], st0 + (S - 1) * kStride);
+        compute(buf[k]);
+        st0 += kStride;
+        more = st0 < total_steps;
+      }
     }
   }
 
