@@ -75,8 +75,25 @@ if [ "${CP_BENCH:-0}" = 1 ] && [ -x "$BUILD/bench/cp_bench" ]; then
   NCCL_DEBUG=WARN "$BUILD/bench/cp_bench" --gpus "$(nvidia-smi -L | wc -l)" 2>&1 | tee "$OUT/cp_bench.log" ||
     NCCL_DEBUG=WARN "$BUILD/bench/cp_bench" --gpus "$(nvidia-smi -L | wc -l)" --no-graph 2>&1 | tee -a "$OUT/cp_bench.log"
 fi
-# The main job, as a newcomer runs it.
-[ -x "$BUILD/tools/metrale" ] && "$BUILD/tools/metrale" 2>&1 | tee "$OUT/metrale.txt"
+# The main job, as a newcomer runs it, then its GPU subcommands (CLI=0 skips).
+if [ -x "$BUILD/tools/metrale" ]; then
+  "$BUILD/tools/metrale" 2>&1 | tee "$OUT/metrale.txt"
+  if [ "${CLI:-1}" = 1 ]; then
+    M="$BUILD/tools/metrale"
+    "$M" check --json "$OUT/cli_check.json" >"$OUT/cli_check.log" 2>&1
+    summary+=("$(printf '%-24s rc %d  %s' "metrale check" $? "$(tail -1 "$OUT/cli_check.log")")")
+    "$M" accuracy --json "$OUT/cli_accuracy.json" >"$OUT/cli_accuracy.log" 2>&1
+    summary+=("$(printf '%-24s rc %d' "metrale accuracy" $?)")
+    "$M" serve-sim --budget-mib 512 --requests 2048 --arrival-rate 16 --max-seqs 1024 \
+      --json "$OUT/cli_serve.json" >"$OUT/cli_serve.log" 2>&1
+    summary+=("$(printf '%-24s rc %d' "metrale serve-sim" $?)")
+    "$M" bench --csv "$OUT/cli_bench.csv" >"$OUT/cli_bench.log" 2>&1
+    summary+=("$(printf '%-24s rc %d' "metrale bench" $?)")
+    python3 tools/plot_results.py --bench-csv "$OUT/bench.csv" --serve-json "$OUT/cli_serve.json" \
+      --out-dir "$OUT" >"$OUT/plot.log" 2>&1
+    summary+=("$(printf '%-24s rc %d  %s' "plot_results.py" $? "$(cd "$OUT" && ls ./*.png 2>/dev/null | tr '\n' ' ')")")
+  fi
+fi
 
 # Only a few files come back from the machine: pack the logs.
 (cd "$OUT" && tar czf logs.tgz ./*.log 2>/dev/null && rm -f ./*.log)

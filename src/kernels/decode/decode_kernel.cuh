@@ -81,13 +81,11 @@ struct DecodeConfig {
       Fmt::kBits == 4 ? 256 : 512;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
-  // Register stages of the software pipeline: with S stages of U steps a
-  // step's loads are issued (S-1)*U steps of compute before it is used, for
-  // the same S*U steps of registers, so prefer many single-step stages.
-#ifndef METRALE_TUNE_MAXSTAGES
-#define METRALE_TUNE_MAXSTAGES 4
-#endif
-  static constexpr int kStages = kInFlightSteps >= METRALE_TUNE_MAXSTAGES ? METRALE_TUNE_MAXSTAGES : kInFlightSteps;
+  // Register stages of the software pipeline, at most two: 4 single-step
+  // stages (loads issued 3 steps ahead instead of 2, same registers) were
+  // measured 5-10% slower than 2 stages of 2 steps, whose two independent
+  // steps the compiler interleaves (bench/RESULTS.md, v6).
+  static constexpr int kStages = kInFlightSteps >= 2 ? 2 : 1;
   static constexpr int kUnroll = kInFlightSteps / kStages;
   // NVFP4 group scales per thread and token (one per 16 elements).
   static constexpr int kKScaleBytes = Fmt::kScaled ? kKVecs * kKElemsPerVec / 16 : 1;
