@@ -6,7 +6,7 @@
 #   .whl/                                            scikit-build-core wheels for the Python tests
 # Then, on the GPU machine (carry [".deps", ".whl"]):
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh
-# The Python tests build their extension there and link .deps/build's library.
+# The Python tests build their extension there, with that machine's compiler.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup.sh >/dev/null
@@ -17,7 +17,6 @@ for t in build/tests/test_*; do [ -f "$t" ] && [ -x "$t" ] && cp "$t" .deps/buil
 cp build/bench/metrale_bench .deps/build/bench/
 [ -x build/bench/cp_bench ] && cp build/bench/cp_bench .deps/build/bench/
 cp build/tools/metrale .deps/build/tools/
-cp build/libmetrale.a .deps/build/
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 -d .whl scikit-build-core==1.1.2 'packaging>=23.2' 'pathspec>=0.12.0'
 du -sh .deps .whl
