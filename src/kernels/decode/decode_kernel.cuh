@@ -77,8 +77,7 @@ struct DecodeConfig {
   // Budgets chosen so that no instantiation spills (ptxas -v); more steps
   // in flight (nvfp4 384) or 3 CTAs per SM (168 registers, spills) were
   // measured slower (bench/RESULTS.md, v5).
-  static constexpr int kInFlightBytes =
-      Fmt::kBits == 4 ? 256 : 512;
+  static constexpr int kInFlightBytes = Fmt::kBits == 4 ? 256 : 512;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
   // Register stages of the software pipeline, at most two: 4 single-step
@@ -182,7 +181,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
       const int e = Fmt::k_elem(kk, r);
       x[r] = g < cols ? codec::bf16_to_float(q_row[((e / kEK) * 4 + c) * kEK + e % kEK]) : 0.0f;
     }
-    qf[kk][0] = pack2<Op>(x[0], x[1]);  // exact for bf16; f16 holds every bf16 q in its range
+    qf[kk][0] = pack2<Op>(x[0], x[1]);  // exact for bf16; f16 as docs/numerics.md says
     qf[kk][1] = pack2<Op>(x[2], x[3]);
   }
 
@@ -218,8 +217,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
   constexpr int kStride = Cfg::kWarps * U;
   // Page ids are read one load call ahead (pf[u] holds the page of step
   // st0 + u of the next call), so the K/V loads of a step never wait on the
-  // block-table read that locates them: at small batch that read would
-  // double the memory latency on every step group's critical path.
+  // block-table read that locates them (that read had put a second memory
+  // latency on every step group's critical path: v6 in bench/RESULTS.md).
   auto page_of = [&](int st) { return st < total_steps ? __ldg(table + pages.first + (st >> spp_shift)) : 0; };
   int32_t pf[U];
 #pragma unroll
