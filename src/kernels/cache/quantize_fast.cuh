@@ -1,13 +1,18 @@
 // Fast quantizers for the cache-write kernel, bit-identical to the scalar
 // codecs of metrale/codec.hpp (the definition, SYSTEM.md 2).
 //
-// Everything here except e4m3x4_rne_satfinite is __host__ __device__ and
-// uses only integer operations, comparisons and IEEE f32 multiply, divide
-// and (explicitly unfused) add, so a host program can check it against the
-// codec (exhaustively over all 2^32 f32 inputs for the per-element
-// functions).
+// Everything here is __host__ __device__ and uses only integer operations,
+// comparisons, min/max and IEEE f32 multiply, divide and (explicitly
+// unfused) add, so a host program can check it against the codec
+// (exhaustively over all 2^32 f32 inputs for the per-element functions),
+// except the device-only hardware conversions (e4m3x4_rne_satfinite,
+// e4m3_rne_satfinite_nonneg_hw, e4m3_to_float_hw), whose host branch is the
+// codec itself; the documented behaviour each relies on is stated at it.
+// byte_perm, shift_in_nibble and max_u16x2 are single device instructions
+// with an exact host model.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "metrale/codec.hpp"
@@ -48,53 +53,168 @@ METRALE_HD float add_rn(float a, float b) {
 #endif
 }
 
-// codec::e2m1_rne_satfinite without branches. With a = |y| as bits:
-//  * |y| < 2: the code is |y| / 0.5 rounded to nearest even (0, .5, 1, 1.5
-//    are codes 0..3 and 2.0 is code 4); adding 2^22, whose ulp is 0.5, rounds
-//    exactly so, and the sum's bits minus those of 2^22 count the halves.
-//  * |y| >= 2: codes 4..7 are the f32 exponent and top mantissa bit,
-//    2 * (e - 126) + m; rounding the bits to nearest even at mantissa bit 22
-//    gives them (a carry into the exponent is the correct round-up), and
-//    everything past 6 (including inf) saturates to 7.
-//  * NaN gives +0 (the codec drops its sign too).
-METRALE_HD uint32_t e2m1_rne_satfinite(float y) {
-  const uint32_t u = codec::f32_bits(y);
-  const uint32_t a = u & 0x7fffffffu;
-  const uint32_t small = codec::f32_bits(add_rn(codec::f32_from_bits(a), 4194304.0f)) - 0x4a800000u;
-  const uint32_t big = (a - 0x3f000000u + 0x1fffffu + ((a >> 22) & 1u)) >> 22;
-  const uint32_t m = a < 0x40000000u ? small : (big < 7u ? big : 7u);
-  return a > 0x7f800000u ? 0u : (((u >> 28) & 8u) | m);
+// Portable forms of three single-instruction device intrinsics (PRMT,
+// funnel shift SHF.R.W, packed unsigned 16-bit max), same results on host.
+METRALE_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, sel);
+#else
+  const uint64_t v = (uint64_t(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= uint32_t((v >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
+#endif
+}
+// (hi:lo) >> 4, low word: lo shifted down a nibble, hi's low nibble on top.
+METRALE_HD uint32_t shift_in_nibble(uint32_t lo, uint32_t hi) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_r(lo, hi, 4);
+#else
+  return (lo >> 4) | (hi << 28);
+#endif
+}
+METRALE_HD uint32_t max_u16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __vmaxu2(a, b);
+#else
+  const uint32_t lo = (a & 0xffffu) > (b & 0xffffu) ? (a & 0xffffu) : (b & 0xffffu);
+  const uint32_t hi = (a >> 16) > (b >> 16) ? (a >> 16) : (b >> 16);
+  return lo | (hi << 16);
+#endif
 }
 
-// codec::nvfp4_quantize_group, same operations on the same values:
-//  * amax as the largest |x| bit pattern: for non-negative floats the
+// E2M1 magnitude code of y = codec::e2m1_rne_satfinite(y) & 7, in the low
+// nibble of the result (bit 3 clear, higher bits are garbage). y must not be
+// NaN (the group quantizer guarantees it). One "magic" add rounds v =
+// min(|y|, 6) onto the E2M1 grid of v's binade:
+//  * the grid step q is 0.5 below 2, 1 in [2, 4), 2 in [4, 8); M is a float
+//    with ulp q: 2^22, 2^23 + 2, 2^24 + 8 (bits 0x4a800000, 0x4b000002,
+//    0x4b800004: mantissa offsets of 0, 2, 4 ulps), and v + M stays in M's
+//    binade (M + v <= 2^23 q + 8q < 2^24 q, as v <= 4q), so the IEEE add
+//    rounds v to the grid exactly once, ties to the even
+//    multiple of q; the sum's significand is that multiple plus M's mantissa
+//    offset 0/2/4, an even number, so "even multiple" is "even E2M1
+//    mantissa", as the codec rounds.
+//  * the sum's low bits = multiple + offset: 0..4 below 2 (codes 0..4),
+//    2..4 + 2 in [2, 4) (codes 4..6), 2..3 + 4 in [4, 6] (codes 6, 7).
+//  * M's bits from v's exponent bits e: e + (e >> 22) + 0x0b000000 - 0xfe
+//    gives the three values above for v in [1, 2), [2, 4), [4, 8) and less
+//    below 1, where the max with 0x4a800000 takes over. inf clamps to 6.
+METRALE_HD uint32_t e2m1_magnitude_bits(float y) {
+  const float v = fminf(fabsf(y), 6.0f);
+  const uint32_t e = codec::f32_bits(v) & 0x7f800000u;
+  const uint32_t mb = e + (e >> 22) + (0x0b000000u - 0xfeu);
+  const float magic = codec::f32_from_bits(mb > 0x4a800000u ? mb : 0x4a800000u);
+  return codec::f32_bits(add_rn(v, magic));
+}
+
+// The sign bits of 8 bf16 elements (4 little-endian pairs, element 2i in the
+// low half of w[i]) at the sign positions of their E2M1 nibbles (bit 4k+3).
+// PRMT gathers the high bytes: E holds elements 0,2,4,6 (sign at bit 8i+7,
+// wanted at 8i+3), O elements 1,3,5,7 (already at 8i+7).
+METRALE_HD uint32_t e2m1x8_signs(const uint32_t* w) {
+  const uint32_t a = byte_perm(w[0], w[1], 0x7351u);  // w0.b1 w1.b1 w0.b3 w1.b3
+  const uint32_t b = byte_perm(w[2], w[3], 0x7351u);
+  const uint32_t even = byte_perm(a, b, 0x5410u);
+  const uint32_t odd = byte_perm(a, b, 0x7632u);
+  return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+}
+
+#if defined(__CUDA_ARCH__)
+// codec::e4m3_rne_satfinite of a value that is +0, positive or NaN, by the
+// hardware conversion (see e4m3x4_rne_satfinite): such a value has a code
+// with sign bit 0 or the NaN code S.1111.111, so clearing bit 7 gives the
+// codec's code in every case.
+__device__ __forceinline__ uint8_t e4m3_rne_satfinite_nonneg_hw(float a) {
+  uint16_t c;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(c) : "f"(0.0f), "f"(a));
+  return uint8_t(c & 0x7fu);
+}
+// codec::e4m3_to_float: cvt.rn.f16x2.e4m3x2 (sm_89+) is exact, every E4M3
+// value being an f16 (subnormals 2^-9 * m included), and so is f16 -> f32;
+// the NaN code gives a NaN (its payload may differ: callers mask such
+// groups). The low byte goes to the low half.
+__device__ __forceinline__ float e4m3_to_float_hw(uint8_t c) {
+  float f;
+  asm("{\n\t.reg .b32 t;\n\t.reg .b16 lo, hi;\n\t"
+      "cvt.rn.f16x2.e4m3x2 t, %1;\n\tmov.b32 {lo, hi}, t;\n\tcvt.f32.f16 %0, lo;\n\t}"
+      : "=f"(f)
+      : "h"(uint16_t(c)));
+  return f;
+}
+#endif
+
+// codec::nvfp4_quantize_group for N consecutive groups, group g's 16 bf16
+// values as the 8 words w[8g..8g+7] (element 2i in the low half of w[i]),
+// with the same operations on the same values:
+//  * amax as the largest |x| bit pattern, taken on the bf16 halves (bf16 ->
+//    f32 is exact and keeps the order): for non-negative values the
 //    unsigned order of the bits is the float order, and every NaN pattern
 //    lies above +inf, so a NaN anywhere makes amax a NaN (its payload does
-//    not matter: the scale code of any NaN is 0x7f). Being a max, it may be
-//    taken in any order (a tree, for ILP).
-//  * the scale and its inverse use the codec's own scalar functions and the
-//    same IEEE divisions (per group, so cheap).
-//  * codes through the branch-free e2m1_rne_satfinite above; a zero scale
-//    zeroes every code (the codec's `zero` case: -0 codes are not kept).
-// packed[j] holds element 8j+i in bits 4i..4i+3: read as the group's 8
-// little-endian bytes, element 2i is the low nibble of byte i, as the codec
-// packs.
-METRALE_HD uint8_t nvfp4_quantize_group(const float* x, float global_scale, uint32_t* packed) {
-  uint32_t a[16];
-  for (int i = 0; i < 16; ++i) a[i] = codec::f32_bits(x[i]) & 0x7fffffffu;
-  for (int w = 8; w >= 1; w >>= 1)
-    for (int i = 0; i < w; ++i) a[i] = a[i] > a[i + w] ? a[i] : a[i + w];
-  const float amax = codec::f32_from_bits(a[0]);
-  const uint8_t s = codec::e4m3_rne_satfinite(amax / (6.0f * global_scale));
-  const bool zero = (s & 0x7fu) == 0;
-  const float inv = zero ? 0.0f : 1.0f / (codec::e4m3_to_float(s) * global_scale);
-  const uint32_t keep = zero ? 0u : 0xffffffffu;
-  for (int j = 0; j < 2; ++j) {
-    uint32_t w = 0;
-    for (int i = 0; i < 8; ++i) w |= e2m1_rne_satfinite(x[8 * j + i] * inv) << (4 * i);
-    packed[j] = w & keep;
+//    not matter: the scale code of any NaN is 0x7f). A max may be taken in
+//    any order.
+//  * the scale code and its value: the codec's functions on the host, the
+//    hardware conversions on the device; the same IEEE divisions.
+//  * a zero scale zeroes every code (the codec's `zero` case); a NaN scale
+//    makes inv and every product NaN, codes 0: all zero as well (masked).
+//  * otherwise, with 0 < inv < inf, no product is NaN (x is not NaN, since
+//    amax is not): codes by e2m1_magnitude_bits, signs those of x (inv > 0,
+//    so y keeps x's sign, -0 included). inv = +inf (a tiny s * g underflows)
+//    or 0 (a huge one overflows) can make 0 * inf = NaN products, which the
+//    codec encodes +0: if any group has such an inv, every group takes the
+//    codec's per-element path. Otherwise the groups' code loops hold no
+//    branch, so the compiler can interleave them (ILP).
+// packed[2g+j] holds element 8j+i of group g in bits 4i..4i+3: read as the
+// group's 8 little-endian bytes, element 2i is the low nibble of byte i, as
+// the codec packs.
+template <int N>
+METRALE_HD void nvfp4_quantize_groups(const uint32_t* w, float global_scale, uint32_t* packed, uint8_t* scale) {
+  float inv[N];
+  uint32_t keep[N];
+  bool fast = true;
+  for (int g = 0; g < N; ++g) {
+    const uint32_t* v = w + 8 * g;
+    uint32_t m[4];
+    for (int i = 0; i < 4; ++i) m[i] = max_u16x2(v[i] & 0x7fff7fffu, v[i + 4] & 0x7fff7fffu);
+    const uint32_t mm = max_u16x2(max_u16x2(m[0], m[1]), max_u16x2(m[2], m[3]));
+    const float amax = codec::f32_from_bits(((mm >> 16) > (mm & 0xffffu) ? mm >> 16 : mm & 0xffffu) << 16);
+    const float q = amax / (6.0f * global_scale);  // +0, positive or NaN
+#if defined(__CUDA_ARCH__)
+    const uint8_t s = e4m3_rne_satfinite_nonneg_hw(q);
+    inv[g] = 1.0f / (e4m3_to_float_hw(s) * global_scale);
+#else
+    const uint8_t s = codec::e4m3_rne_satfinite(q);
+    inv[g] = 1.0f / (codec::e4m3_to_float(s) * global_scale);
+#endif
+    scale[g] = s;
+    const bool nonzero = (s != 0u) & (s != codec::kE4M3NaN);  // q >= 0: no negative codes
+    keep[g] = nonzero ? 0xffffffffu : 0u;
+    // Bitwise, not short-circuit: no branches before the code loops.
+    fast &= !nonzero | ((inv[g] > 0.0f) & (inv[g] < codec::f32_from_bits(0x7f800000u)));
   }
-  return s;
+  // One branch around all N groups' codes, so that they interleave.
+  if (fast) {
+    for (int k = 0; k < 2 * N; ++k) {
+      const uint32_t* v = w + 4 * k;
+      uint32_t acc = 0;
+      for (int i = 0; i < 8; ++i) {
+        const float x = codec::f32_from_bits((i & 1) ? (v[i / 2] & 0xffff0000u) : (v[i / 2] << 16));
+        // Element i ends in bits 4i..4i+3 after the remaining 7 - i shifts.
+        acc = shift_in_nibble(acc, e2m1_magnitude_bits(x * inv[k / 2]));
+      }
+      packed[k] = (acc | e2m1x8_signs(v)) & keep[k / 2];
+    }
+  } else {
+    for (int k = 0; k < 2 * N; ++k) {
+      const uint32_t* v = w + 4 * k;
+      uint32_t acc = 0;
+      for (int i = 0; i < 8; ++i) {
+        const float x = codec::f32_from_bits((i & 1) ? (v[i / 2] & 0xffff0000u) : (v[i / 2] << 16));
+        acc |= uint32_t(codec::e2m1_rne_satfinite(x * inv[k / 2])) << (4 * i);
+      }
+      packed[k] = acc & keep[k / 2];
+    }
+  }
 }
 
 }  // namespace metrale::cuda::fastq

@@ -5,16 +5,20 @@
 // Design (one kernel template over the format policy, three instantiations):
 //  * Work unit = one "chunk": kElems consecutive head_dim elements of one
 //    (token, K|V, kv head) row. bf16: 8 elements (16-byte load, 16-byte store);
-//    fp8: 16 elements (two 16-byte loads, one 16-byte store); nvfp4: 16
-//    elements = one scale group (two 16-byte loads, one 8-byte store of packed
-//    codes, one 1-byte store of the E4M3 scale). A row of head_dim D is
-//    D/kElems chunks (4..32 threads); consecutive threads take consecutive
+//    fp8: 16 elements (two 16-byte loads, one 16-byte store); nvfp4: 32
+//    elements = two scale groups (four 16-byte loads, one 16-byte store of
+//    packed codes, one 2-byte store of the two E4M3 scales; two groups per
+//    thread halve the per-chunk index math and give the quantizer two
+//    independent chains). A row of head_dim D (64, 128, 256) is D/kElems
+//    chunks (2..32 threads); consecutive threads take consecutive
 //    chunks of a token's K heads, then its V heads, so loads and stores of a
 //    warp are contiguous runs.
 //  * A 256-thread block handles a tile of `tokens_per_tile` tokens (chosen on
 //    the host so a tile is about one block's worth of chunks); tiles are
 //    visited with a grid-stride loop over a capped grid, so any num_tokens
-//    (< 2^31) launches within the grid limits. All address math is 64-bit.
+//    (< 2^31) launches within the grid limits. All address math is 64-bit;
+//    the item -> (token, chunk) split divides by a multiply-high with a
+//    host-computed magic number (exact in the kernel's range, see launch).
 //  * A thread issues its chunk's loads together with the slot_mapping load
 //    (the source row does not depend on the slot), so the two latencies
 //    overlap instead of adding up.
@@ -23,11 +27,12 @@
 //    of quantize_fast.cuh: fp8 code = e4m3_rne_satfinite(x * inv_scale) with
 //    inv_scale computed on the host, the product rounded to f32 and then
 //    converted by the hardware cvt.rn.satfinite.e4m3x2 (NaN codes
-//    canonicalised); nvfp4 groups through fastq::nvfp4_quantize_group
-//    (integer amax, the codec's scale and IEEE divisions, branch-free E2M1
-//    rounding). No fast-math: the one f32 add (E2M1 rounding) is an explicit
-//    __fadd_rn, so no product is contracted into an FMA, and nvcc's default
-//    f32 division is IEEE round-to-nearest.
+//    canonicalised); nvfp4 groups through fastq::nvfp4_quantize_groups
+//    (packed 16-bit integer amax, hardware E4M3 scale conversions, the
+//    codec's IEEE divisions, E2M1 rounding by one magic add per element). No
+//    fast-math: the one f32 add (E2M1 rounding) is an explicit __fadd_rn, so
+//    no product is contracted into an FMA, and nvcc's default f32 division
+//    is IEEE round-to-nearest.
 //  * A slot < 0 is padding (skipped). A slot >= capacity is skipped and
 //    counted: the thread holding a token's first chunk counts it; counts are
 //    summed per warp and added with one atomicAdd per warp that saw any.
@@ -68,6 +73,7 @@ struct CacheWriteParams {
   int32_t log2_block_size;
   int32_t log2_chunks_per_row;
   int32_t chunks_per_token;  // 2 * H * D / kElems
+  uint32_t cpt_magic;        // ceil(2^32 / chunks_per_token): it / cpt = umulhi(it, cpt_magic)
   int32_t tokens_per_tile;
 };
 
@@ -120,18 +126,27 @@ struct Fp8Policy {
 };
 
 struct Nvfp4Policy {
-  static constexpr int kElems = 16;  // one scale group
-  using Raw = Fp8Policy::Raw;
-  __device__ static Raw load(const bf16* src) { return Fp8Policy::load(src); }
+  static constexpr int kElems = 32;  // two scale groups, quantized independently (ILP)
+  struct Raw {
+    uint4 v[4];
+  };
+  __device__ static Raw load(const bf16* src) {
+    const uint4* p = reinterpret_cast<const uint4*>(src);
+    return {{__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3)}};
+  }
+  // 16 bytes of codes at (row*D + 32*chunk)/2 and 2 scale bytes at
+  // row*D/16 + 2*chunk: aligned, as D is a multiple of 32 and the page
+  // stride, data section and cache base are multiples of 16 (validated).
   __device__ static void store(const Raw& r, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
                                int64_t data_section, float global_scale) {
-    float x[16];
-    unpack8(r.v[0], x);
-    unpack8(r.v[1], x + 8);
-    uint32_t packed[2];
-    const uint8_t s = fastq::nvfp4_quantize_group(x, global_scale, packed);
-    *reinterpret_cast<uint2*>(page + ((row * D) >> 1) + chunk * 8) = make_uint2(packed[0], packed[1]);
-    page[data_section + row * (D >> 4) + chunk] = s;
+    const uint32_t w[16] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w, r.v[1].x, r.v[1].y, r.v[1].z, r.v[1].w,
+                            r.v[2].x, r.v[2].y, r.v[2].z, r.v[2].w, r.v[3].x, r.v[3].y, r.v[3].z, r.v[3].w};
+    uint32_t packed[4];
+    uint8_t s[2];
+    fastq::nvfp4_quantize_groups<2>(w, global_scale, packed, s);
+    *reinterpret_cast<uint4*>(page + ((row * D) >> 1) + chunk * 16) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    *reinterpret_cast<uint16_t*>(page + data_section + row * (D >> 4) + chunk * 2) = uint16_t(s[0] | (s[1] << 8));
   }
 };
 
@@ -149,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const __gri
     const int32_t ntok = left < p.tokens_per_tile ? int32_t(left) : p.tokens_per_tile;
     const int32_t items = ntok * cpt;
     for (int32_t it = threadIdx.x; it < items; it += kThreads) {
-      const int32_t lt = it / cpt;
+      const int32_t lt = int32_t(__umulhi(uint32_t(it), p.cpt_magic));
       const int32_t rem = it - lt * cpt;
       const int64_t token = tok0 + lt;
       const int32_t r = rem >> p.log2_chunks_per_row;  // 0..2H-1: K heads then V heads
@@ -194,6 +209,11 @@ void launch(CacheWriteParams p, cudaStream_t stream, const char* name) {
   p.log2_chunks_per_row = log2_exact(cpr);
   p.chunks_per_token = 2 * p.num_kv_heads * cpr;  // <= 2 * 1024 * 32
   p.tokens_per_tile = p.chunks_per_token >= kThreads ? 1 : kThreads / p.chunks_per_token;
+  // Exact division by multiply-high: with d = cpt >= 2 and m = ceil(2^32/d)
+  // = (2^32 + e)/d, 0 <= e < d, umulhi(n, m) = floor(n/d + n*e/(d*2^32)) =
+  // n/d rounded down whenever n*e < 2^32. The kernel's n < items <=
+  // max(d, kThreads) and d <= 65536, so n*e < 2^32 always.
+  p.cpt_magic = uint32_t(((uint64_t(1) << 32) + uint64_t(p.chunks_per_token) - 1) / uint64_t(p.chunks_per_token));
   const int64_t tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
   const int64_t grid = tiles < kMaxBlocks ? tiles : kMaxBlocks;
   reshape_and_cache_kernel<P><<<dim3(uint32_t(grid)), dim3(kThreads), 0, stream>>>(p);
