@@ -84,8 +84,9 @@ if [ -x "$BUILD/tools/metrale" ]; then
     summary+=("$(printf '%-24s rc %d  %s' "metrale check" $? "$(tail -1 "$OUT/cli_check.log")")")
     "$M" accuracy --json "$OUT/cli_accuracy.json" >"$OUT/cli_accuracy.log" 2>&1
     summary+=("$(printf '%-24s rc %d' "metrale accuracy" $?)")
-    "$M" serve-sim --budget-mib 512 --requests 2048 --arrival-rate 16 --max-seqs 1024 \
-      --json "$OUT/cli_serve.json" >"$OUT/cli_serve.log" 2>&1
+    # The default budget (4 MiB) is the limit for every format; 512 MiB
+    # with 2048 requests took 4 minutes there and only bf16 hit its budget.
+    "$M" serve-sim --json "$OUT/cli_serve.json" >"$OUT/cli_serve.log" 2>&1
     summary+=("$(printf '%-24s rc %d' "metrale serve-sim" $?)")
     "$M" bench --csv "$OUT/cli_bench.csv" >"$OUT/cli_bench.log" 2>&1
     summary+=("$(printf '%-24s rc %d' "metrale bench" $?)")
