@@ -50,6 +50,23 @@
 
 namespace metrale::kernels {
 
+// The K permutation of a format policy must be a bijection onto a thread's
+// quarter row (D/4 elements), and for scaled formats keep the 4 elements of
+// k-step kk in group kk/4 (the kernel applies one group scale per k-step).
+template <class Fmt, int D>
+constexpr bool k_permutation_ok() {
+  constexpr int kN = D / 4;
+  bool seen[kN] = {};
+  for (int kk = 0; kk < D / 16; ++kk)
+    for (int r = 0; r < 4; ++r) {
+      const int e = Fmt::k_elem(kk, r);
+      if (e < 0 || e >= kN || seen[e]) return false;
+      if (Fmt::kScaled && e / 16 != kk / 4) return false;
+      seen[e] = true;
+    }
+  return true;
+}
+
 template <class Fmt, int D>
 struct DecodeConfig {
   static constexpr int kWarps = 4;
@@ -101,6 +118,7 @@ struct DecodeConfig {
   static_assert(kKElemsPerVec % 4 == 0, "a k-step takes 4 elements per thread");
   static_assert(!Fmt::kScaled || kKElemsPerVec % 16 == 0, "K vectors must hold whole NVFP4 groups");
   static_assert(kDTiles % 2 == 0, "V is converted two tiles at a time");
+  static_assert(k_permutation_ok<Fmt, D>(), "Fmt::k_elem must permute the quarter row, one scale group per k-step");
 };
 
 // Raw cache bytes of kUnroll 16-token steps, as one thread loaded them:
