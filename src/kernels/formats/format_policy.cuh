@@ -40,8 +40,8 @@ struct Bf16Format {
     b0 = w[2 * kk];
     b1 = w[2 * kk + 1];
   }
-  // Elements j, j+1 (j even) of the V streams of tokens a and b, as the
-  // (a, b) pairs of n-tiles j and j+1.
+  // Elements j, j+1 (j even) of the V streams of tokens a and b, as (a, b)
+  // pairs: rows g and g+8 of PV tile j/2.
   template <int N>
   __device__ __forceinline__ static void v_pair(const uint32_t (&wa)[N], const uint32_t (&wb)[N], int j,
                                                 uint32_t /*scales*/, uint32_t& r0, uint32_t& r1) {
