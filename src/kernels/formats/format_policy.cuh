@@ -27,7 +27,19 @@
 
 namespace metrale::kernels {
 
-struct Bf16Format {
+// The unscaled formats convert V one tile (an element pair) at a time:
+// their v_quad is two v_pair calls.
+template <class Fmt>
+struct VQuadByPairs {
+  template <int N>
+  __device__ __forceinline__ static void v_quad(const uint32_t (&wa)[N], const uint32_t (&wb)[N], int j,
+                                                uint32_t scales, uint32_t (&r)[4]) {
+    Fmt::v_pair(wa, wb, j, scales, r[0], r[1]);
+    Fmt::v_pair(wa, wb, j + 2, scales, r[2], r[3]);
+  }
+};
+
+struct Bf16Format : VQuadByPairs<Bf16Format> {
   static constexpr int kBits = 16;
   static constexpr bool kScaled = false;
   static constexpr float kOperandFactor = 1.0f;
@@ -48,15 +60,9 @@ struct Bf16Format {
     r0 = byte_perm(wa[j / 2], wb[j / 2], 0x5410);
     r1 = byte_perm(wa[j / 2], wb[j / 2], 0x7632);
   }
-  template <int N>
-  __device__ __forceinline__ static void v_quad(const uint32_t (&wa)[N], const uint32_t (&wb)[N], int j,
-                                                uint32_t scales, uint32_t (&r)[4]) {
-    v_pair(wa, wb, j, scales, r[0], r[1]);
-    v_pair(wa, wb, j + 2, scales, r[2], r[3]);
-  }
 };
 
-struct Fp8Format {
+struct Fp8Format : VQuadByPairs<Fp8Format> {
   static constexpr int kBits = 8;
   static constexpr bool kScaled = false;
   static constexpr float kOperandFactor = 1.0f;
@@ -73,12 +79,6 @@ struct Fp8Format {
     const int k = j % 4;  // byte of the word holding element j
     const uint32_t sel = uint32_t(k) | uint32_t(k + 4) << 4 | uint32_t(k + 1) << 8 | uint32_t(k + 5) << 12;
     e4m3x4_to_f16x2x2(byte_perm(wa[j / 4], wb[j / 4], sel), r0, r1);
-  }
-  template <int N>
-  __device__ __forceinline__ static void v_quad(const uint32_t (&wa)[N], const uint32_t (&wb)[N], int j,
-                                                uint32_t scales, uint32_t (&r)[4]) {
-    v_pair(wa, wb, j, scales, r[0], r[1]);
-    v_pair(wa, wb, j + 2, scales, r[2], r[3]);
   }
 };
 
