@@ -3,6 +3,7 @@
 // its value and the expectation; nothing is launched before it returns.
 #pragma once
 
+#include "metrale/context_parallel.hpp"
 #include "metrale/ops.hpp"
 #include "metrale/plan.hpp"
 
@@ -16,6 +17,9 @@ void validate_decode(const DecodeArgs& args, bool writes_out = true);
 void validate_workspace(const DecodeArgs& args, const SplitKWorkspace& ws);
 void validate_reduce(const ReduceArgs& args);
 void validate_plan(const DecodePlan& plan);
+// A context-parallel rank's decode arguments against its layout (both
+// backends' cp_rank_states; implemented with the sharding, shard.cpp).
+void validate_cp_rank_args(const cp::CpLayout& L, const DecodeArgs& a);
 void validate_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, const float* absmax);
 
 }  // namespace metrale::detail

@@ -138,11 +138,7 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* reco
 
 void cp_rank_states(const cp::CpLayout& L, const DecodeArgs& a, const cp::EdgeSlice* edges, float* block,
                     Stream stream) {
-  L.validate();
-  METRALE_CHECK_ARG(a.num_seqs == L.num_seqs && a.num_q_heads == L.num_q_heads && a.cache.layout.head_dim == L.head_dim,
-                    "rank_args", "shape", "the layout's num_seqs, num_q_heads and head_dim");
-  METRALE_CHECK_ARG(a.sliding_window == 0, "rank_args.sliding_window", a.sliding_window,
-                    "0 (the shard already applies the window; use cp::rank_decode_args)");
+  detail::validate_cp_rank_args(L, a);
   if (L.num_seqs == 0) return;
   paged_decode_attn_splitk(a, cp::rank_splitk_workspace(L, block), stream);
   if (L.has_edge) cp_edge_states(a, edges, block + L.splitk_floats(), stream);

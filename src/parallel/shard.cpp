@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "host/validate.hpp"
 #include "metrale/context_parallel.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/error.hpp"
@@ -141,6 +142,18 @@ CpLayout make_layout(int32_t num_ranks, const DecodeArgs& args, int32_t splits_p
 
 }  // namespace metrale::cp
 
+namespace metrale::detail {
+
+void validate_cp_rank_args(const cp::CpLayout& L, const DecodeArgs& a) {
+  L.validate();
+  METRALE_CHECK_ARG(a.num_seqs == L.num_seqs && a.num_q_heads == L.num_q_heads && a.cache.layout.head_dim == L.head_dim,
+                    "rank_args", "shape", "the layout's num_seqs, num_q_heads and head_dim");
+  METRALE_CHECK_ARG(a.sliding_window == 0, "rank_args.sliding_window", a.sliding_window,
+                    "0 (the shard already applies the window; use cp::rank_decode_args)");
+}
+
+}  // namespace metrale::detail
+
 namespace metrale::cpu {
 
 namespace {
@@ -225,11 +238,7 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* rec)
 }
 
 void cp_rank_states(const cp::CpLayout& L, const DecodeArgs& a, const cp::EdgeSlice* edges, float* block) {
-  L.validate();
-  METRALE_CHECK_ARG(a.num_seqs == L.num_seqs && a.num_q_heads == L.num_q_heads && a.cache.layout.head_dim == L.head_dim,
-                    "rank_args", "shape", "the layout's num_seqs, num_q_heads and head_dim");
-  METRALE_CHECK_ARG(a.sliding_window == 0, "rank_args.sliding_window", a.sliding_window,
-                    "0 (the shard already applies the window; use cp::rank_decode_args)");
+  detail::validate_cp_rank_args(L, a);
   if (L.num_seqs == 0) return;
   paged_decode_attn_splitk(a, cp::rank_splitk_workspace(L, block));
   if (L.has_edge) cp_edge_states(a, edges, block + L.splitk_floats());
