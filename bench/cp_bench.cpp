@@ -53,10 +53,10 @@ namespace {
 using namespace metrale;
 using metrale::bench::DecodeShape;
 using metrale::bench::DecodeWorkload;
+using metrale::bench::kRotationBytes;
 using metrale::bench::cuda_ok;
 using metrale::bench::split_list;
 
-constexpr size_t kRotationBytes = size_t(512) << 20;  // > 8x the H200's L2
 
 void nccl_ok(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(r));

@@ -34,10 +34,10 @@ namespace {
 using namespace metrale;
 using metrale::bench::DecodeShape;
 using metrale::bench::DecodeWorkload;
+using metrale::bench::kRotationBytes;
 using metrale::bench::cuda_ok;
 using metrale::bench::split_list;
 
-constexpr size_t kRotationBytes = size_t(512) << 20;  // > 8x the H200's 60 MB L2
 
 struct Row {
   std::string op, shape, note;

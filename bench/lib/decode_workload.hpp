@@ -5,6 +5,7 @@
 // L2 holds, so timings measure HBM, not cache.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,6 +15,10 @@
 #include "metrale/ops.hpp"
 
 namespace metrale::bench {
+
+// Bytes of cache replicas a timed workload rotates through: > 8x the
+// H200's 60 MB L2, so replays read HBM, not L2.
+constexpr size_t kRotationBytes = size_t(512) << 20;
 
 struct DecodeShape {
   KvFormat format = KvFormat::bf16;

@@ -52,7 +52,7 @@ Row gpu_row(KvFormat f, int32_t seqs, int32_t len, const cuda::DeviceInfo& dev, 
   s.format = f;
   s.num_seqs = seqs;
   s.seq_len = len;
-  const bench::DecodeWorkload w(s, size_t(512) << 20, 1234);
+  const bench::DecodeWorkload w(s, bench::kRotationBytes, 1234);
   DecodeProblem problem;
   problem.num_seqs = seqs;
   problem.num_q_heads = s.num_q_heads;
