@@ -2,11 +2,13 @@
 // one dispatch point over formats, and run_decode (plan -> launches).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "host/validate.hpp"
 #include "kernels/common/cuda_check.hpp"
 #include "kernels/decode/decode_launch.cuh"
+#include "kernels/decode/kv_tensor_map.hpp"
 #include "metrale/cuda.hpp"
 
 namespace metrale::cuda {
@@ -46,6 +48,13 @@ DecodeParams make_params(const DecodeArgs& a) {
   p.v_factor = v_factor;
   p.num_splits = 1;
   p.out = a.out;
+  // bf16 and fp8 take the TMA kernel wherever the driver encodes the maps
+  // (any valid layout: 16-byte aligned bases and page strides);
+  // METRALE_DECODE_NO_TMA=1 keeps them on the register-path kernel (the
+  // tests cover both; A/B measurements).
+  const char* no_tma = std::getenv("METRALE_DECODE_NO_TMA");
+  p.use_tma = L.format != KvFormat::nvfp4 && !(no_tma != nullptr && no_tma[0] == '1') &&
+              kernels::make_kv_tensor_map(p.k_map, a.cache.k, L) && kernels::make_kv_tensor_map(p.v_map, a.cache.v, L);
   return p;
 }
 

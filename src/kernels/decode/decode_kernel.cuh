@@ -44,6 +44,7 @@
 #include <type_traits>
 
 #include "kernels/common/mma.cuh"
+#include "kernels/common/tma.cuh"
 #include "kernels/decode/decode_params.hpp"
 #include "kernels/formats/format_policy.cuh"
 #include "metrale/ops.hpp"
@@ -67,7 +68,20 @@ constexpr bool k_permutation_ok() {
   return true;
 }
 
-template <class Fmt, int D>
+// Shared-memory budget of the TMA ring of one CTA (all warps' stages): 96
+// KiB keeps 2 CTAs per SM, the occupancy the split planner counts on (3 CTAs
+// per SM left the single-pass grids of 512 and 256 CTAs badly balanced).
+#ifndef METRALE_TMA_RING_BYTES
+#define METRALE_TMA_RING_BYTES 98304
+#endif
+#ifndef METRALE_TMA_STAGE_STEPS
+#define METRALE_TMA_STAGE_STEPS 2
+#endif
+
+// kTma: K/V tiles reach shared memory through TMA (a per-warp ring of
+// stages, see the kernel) instead of registers; the register path remains
+// for a driver that cannot encode the tensor maps.
+template <class Fmt, int D, bool kTma = false>
 struct DecodeConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
@@ -97,22 +111,62 @@ struct DecodeConfig {
   static constexpr int kInFlightBytes = Fmt::kBits == 4 ? 256 : 512;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
+  // TMA path: steps per ring stage (below); two where the ring still holds
+  // two such stages per warp: half the waits, copies issued and page
+  // bookkeeping per step.
+  static constexpr int kStepBytes = 2 * kStepTokens * kRowBytes;
+  static constexpr int kTmaStageSteps =
+      METRALE_TMA_STAGE_STEPS >= 2 && METRALE_TMA_RING_BYTES / (kWarps * 2 * kStepBytes) >= 2 ? 2 : 1;
   // Register stages of the software pipeline, at most two: 4 single-step
   // stages (loads issued 3 steps ahead instead of 2, same registers) were
   // measured 5-10% slower than 2 stages of 2 steps, whose two independent
   // steps the compiler interleaves (bench/RESULTS.md, v6).
-  static constexpr int kStages = kInFlightSteps >= 2 ? 2 : 1;
-  static constexpr int kUnroll = kInFlightSteps / kStages;
+  static constexpr int kStages = kTma ? 1 : (kInFlightSteps >= 2 ? 2 : 1);
+  static constexpr int kUnroll = kTma ? kTmaStageSteps : kInFlightSteps / kStages;
   // NVFP4 group scales per thread and token (one per 16 elements).
   static constexpr int kKScaleBytes = Fmt::kScaled ? kKVecs * kKElemsPerVec / 16 : 1;
   static constexpr int kVScalesPerVec = kVElemsPerVec >= 16 ? kVElemsPerVec / 16 : 1;
   static constexpr int kVScaleBytes = Fmt::kScaled ? kVVecs * kVScalesPerVec : 1;
   static constexpr float kRescaleThreshold = 8.0f;  // log2 units: weights < 2^8
 
-  // Shared memory: the warps' outputs and softmax stats for the merge.
+  // TMA ring: per warp kRingStages stages of kUnroll 16-token steps, per
+  // step the K tile then the V tile, each [box][16 tokens][kBoxBytes] with
+  // the boxes' 128B/64B/32B swizzle: 16-byte chunks of a token's row are
+  // XORed with bits of its line index, which spreads the rows that a warp's
+  // fragment reads hit at once over all banks (the dense layout put them on
+  // the same banks: 2-4 way conflicts, 0.75 R for bf16). NVFP4 stays on the
+  // register path: its dequantization is instruction-bound and the TMA
+  // path's issue and fill instructions made it 2-8% slower at batch >= 64
+  // (bench/RESULTS.md, v7).
+  static_assert(!kTma || !Fmt::kScaled, "the TMA path carries no NVFP4 scale rows");
+  static constexpr int kBoxBytes = kRowBytes < 128 ? kRowBytes : 128;
+  static constexpr int kBoxes = kRowBytes / kBoxBytes;
+  static constexpr int kSwizzleMask = kBoxBytes / 16 - 1;  // 7, 3, 1: line bits XORed into the chunk index
+  static constexpr int kTileBytes = kStepTokens * kRowBytes;
+  static constexpr int kStageBytes = kUnroll * 2 * kTileBytes;  // a multiple of 1024: swizzle atoms stay aligned
+  static constexpr int kRingRaw = METRALE_TMA_RING_BYTES / (kWarps * kStageBytes);
+  static constexpr int kRingStages = kRingRaw < 2 ? 2 : (kRingRaw > 8 ? 8 : kRingRaw);
+  // K vector of quarter row i that thread c reads. Registers: i*4 + c (any
+  // order reads whole sectors). TMA: chunks 2c, 2c+1 of each 128-byte box,
+  // so that the two tokens of a quarter warp (g, g+1: line indices of
+  // opposite parity) take chunks of opposite parity after the swizzle.
+  __host__ __device__ static constexpr int k_vector(int i, int c) {
+    return kTma && kKVecs >= 2 ? (i / 2) * 8 + 2 * c + i % 2 : i * 4 + c;
+  }
+
+  // Shared memory: the ring, then the warps' outputs for the merge (which
+  // alias the ring: it is dead by then), softmax stats, the ring's barriers.
   static constexpr int kOBufBytes = kWarps * kCols * D * 4;
+  // The swizzle XORs bits of the absolute shared address, so the ring starts
+  // at the first 1024-byte boundary of the CTA's dynamic shared memory
+  // (only 16-byte alignment of that is guaranteed: a second CTA on the SM
+  // starts wherever the first one's allocation ends).
+  static constexpr int kRingAlign = 1024;
+  static constexpr int kRingBytes = kTma ? kWarps * kRingStages * kStageBytes + kRingAlign : 0;
+  static constexpr int kStatOffset = kOBufBytes > kRingBytes ? kOBufBytes : kRingBytes;
   static constexpr int kStatBytes = kWarps * kCols * 3 * 4 + kCols * 4 * (kWarps + 2);
-  static constexpr int kSmemBytes = kOBufBytes + kStatBytes;
+  static constexpr int kBarOffset = (kStatOffset + kStatBytes + 7) / 8 * 8;
+  static constexpr int kSmemBytes = kBarOffset + (kTma ? kWarps * kRingStages * 8 : 0);
 
   static_assert(kKVecBytes >= 4 && kVVecBytes >= 4, "rows too narrow for word loads");
   static_assert(kKElemsPerVec % 4 == 0, "a k-step takes 4 elements per thread");
@@ -133,6 +187,21 @@ struct StepBuffers {
   uint32_t live;               // bit u: step st0+u is inside the split and on a valid page
 };
 
+// Loads `Bytes` (4, 8 or 16) bytes of shared memory into consecutive words.
+template <int Bytes>
+__device__ __forceinline__ void load_smem_vec(const uint8_t* ptr, uint32_t* w) {
+  if constexpr (Bytes == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(ptr);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (Bytes == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(ptr);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    static_assert(Bytes == 4, "vector width");
+    w[0] = *reinterpret_cast<const uint32_t*>(ptr);
+  }
+}
+
 // Loads `Bytes` (4, 8 or 16) read-only bytes into consecutive words.
 template <int Bytes>
 __device__ __forceinline__ void load_vec(const uint8_t* ptr, uint32_t* w) {
@@ -148,18 +217,19 @@ __device__ __forceinline__ void load_vec(const uint8_t* ptr, uint32_t* w) {
   }
 }
 
-template <class Fmt, int D>
-__global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
+template <class Fmt, int D, bool kTma>
+__global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
     paged_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using Cfg = DecodeConfig<Fmt, D>;
+  using Cfg = DecodeConfig<Fmt, D, kTma>;
   using Op = typename Fmt::Op;
   constexpr int U = Cfg::kUnroll;
   constexpr int kCols = Cfg::kCols;
   const float kNegInf = -__int_as_float(0x7f800000);
 
   extern __shared__ uint4 smem[];
+  uint8_t* const smem_bytes = reinterpret_cast<uint8_t*>(smem);
   float* obuf = reinterpret_cast<float*>(smem);        // [warp][col][D]
-  float* m_buf = obuf + Cfg::kWarps * kCols * D;       // [warp][col]
+  float* m_buf = reinterpret_cast<float*>(smem_bytes + Cfg::kStatOffset);  // [warp][col]
   float* l_buf = m_buf + Cfg::kWarps * kCols;
   float* mt_buf = l_buf + Cfg::kWarps * kCols;
   float* w_buf = mt_buf + Cfg::kWarps * kCols;         // [warp][col] weights / L
@@ -187,7 +257,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
   // tile (zero past the group), head_dim positions of the K permutation:
   // slot r of k-step kk takes element Fmt::k_elem(kk, r) of the thread's K
   // stream, which is element e % EK of vector e / EK, i.e. head_dim
-  // position ((e / EK) * 4 + c) * EK + e % EK.
+  // position Cfg::k_vector(e / EK, c) * EK + e % EK.
   uint32_t qf[Cfg::kKSteps][2];
   const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * D;
 #pragma unroll
@@ -197,7 +267,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
     for (int r = 0; r < 4; ++r) {
       constexpr int kEK = Cfg::kKElemsPerVec;
       const int e = Fmt::k_elem(kk, r);
-      x[r] = g < cols ? codec::bf16_to_float(q_row[((e / kEK) * 4 + c) * kEK + e % kEK]) : 0.0f;
+      x[r] = g < cols ? codec::bf16_to_float(q_row[Cfg::k_vector(e / kEK, c) * kEK + e % kEK]) : 0.0f;
     }
     qf[kk][0] = pack2<Op>(x[0], x[1]);  // exact for bf16; f16 as docs/numerics.md says
     qf[kk][1] = pack2<Op>(x[2], x[3]);
@@ -421,24 +491,131 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D>::kThreads)
     }
   };
 
-  // The pipeline: stage k's buffer is computed while the loads of the
-  // kStages-1 following step groups are in flight. The stage loop is
-  // unrolled so that every buffer index is static (registers, not local
-  // memory).
-  constexpr int S = Cfg::kStages;
-  StepBuffers<Cfg> buf[S];
-  int st0 = warp * U;
+  if constexpr (kTma) {
+    // The TMA pipeline: warp w takes the same step groups as in the register
+    // path (U consecutive steps, groups round-robin over the warps) through
+    // its own ring of S stages of one group. Lane 0 issues a stage's copies
+    // (K and V tiles) and its mbarrier completes when they land; the warp
+    // reads the stage into registers, refills it with the group S ahead,
+    // then computes. No barrier between warps, S groups in flight per warp.
+    constexpr int S = Cfg::kRingStages;
+    constexpr int BB = Cfg::kBoxBytes;
+    uint8_t* const ring = smem_bytes + ((Cfg::kRingAlign - (smem_addr(smem_bytes) & (Cfg::kRingAlign - 1))) &
+                                        (Cfg::kRingAlign - 1));
+    uint8_t* const tiles = ring + warp * S * Cfg::kStageBytes;
+    const uint32_t bar0 = smem_addr(smem_bytes + Cfg::kBarOffset) + warp * S * 8;
+    if (lane == 0) {
+      for (int s = 0; s < S; ++s) mbar_init(bar0 + 8 * s, 1);
+      fence_mbarrier_init();
+    }
+    __syncwarp();
+
+    // pf (above) holds the page ids of the next stage's steps.
+    uint32_t live_bits = 0;  // bit s*U + u: step u of stage s is attended and on a valid page
+    // Stage s <- steps st0 .. st0+U-1 of group k of this warp (steps past
+    // the split copy nothing).
+    // The caller's __syncwarp orders the warp's reads of the stage before
+    // the copies that overwrite it, as a consumer's release of an "empty"
+    // barrier does in a producer/consumer TMA pipeline. (A proxy fence here
+    // compiles to MEMBAR.ALL.CTA, which also waits for the page-id loads in
+    // flight.)
+    auto issue = [&](int s, int k) {
+      const int st0 = warp * U + kStride * k;
+      const uint32_t bar = bar0 + 8 * s, dst = smem_addr(tiles) + s * Cfg::kStageBytes;
+      uint32_t live = 0;
+      int32_t page[U];
 #pragma unroll
-  for (int k = 0; k + 1 < S; ++k) load(buf[k], st0 + k * kStride);
-  bool more = st0 < total_steps;
-  while (more) {
+      for (int u = 0; u < U; ++u) {
+        page[u] = pf[u];
+        pf[u] = page_of(st0 + kStride + u);
+        const bool page_ok = page[u] >= 0 && page[u] < p.num_blocks;
+        bad_page |= !page_ok;  // corrupt table: never dereference, poison the output
+        live |= uint32_t(st0 + u < total_steps && page_ok) << u;
+      }
+      live_bits = (live_bits & ~(((1u << U) - 1) << (s * U))) | (live << (s * U));
+      if (lane == 0) {
+        if (live) {
+          mbar_arrive_expect_tx(bar, __popc(live) * 2 * Cfg::kTileBytes);
 #pragma unroll
-    for (int k = 0; k < S; ++k) {
-      if (more) {
-        load(buf[(k + S - 1) % S], st0 + (S - 1) * kStride);
-        compute(buf[k]);
-        st0 += kStride;
-        more = st0 < total_steps;
+          for (int u = 0; u < U; ++u) {
+            if (!((live >> u) & 1u)) continue;
+            const int tok0 = ((st0 + u) & spp_mask) * Cfg::kStepTokens;
+            const uint32_t kdst = dst + u * 2 * Cfg::kTileBytes;
+#pragma unroll
+            for (int x = 0; x < Cfg::kBoxes; ++x) {
+              tma_load_4d(kdst + x * 16 * BB, &p.k_map, bar, x * BB, kv_head, tok0, page[u]);
+              tma_load_4d(kdst + Cfg::kTileBytes + x * 16 * BB, &p.v_map, bar, x * BB, kv_head, tok0, page[u]);
+            }
+          }
+        } else {
+          mbar_arrive(bar);
+        }
+      }
+    };
+    // Byte `b` of token `tok`'s row in a swizzled tile: box b / BB, chunk
+    // index XORed with bits of the token's line index (tma_swizzle).
+    auto tile_off = [](int tok, int b) {
+      const int x = ((tok * BB) >> 7 & Cfg::kSwizzleMask) << 4;
+      return (b / BB) * 16 * BB + tok * BB + ((b % BB) ^ x);
+    };
+    // Stage -> registers, in the layout the register path loads (header),
+    // K vectors in Cfg::k_vector order.
+    auto fill = [&](StepBuffers<Cfg>& b, int s, int st0, uint32_t live) {
+      b.st0 = st0;
+      b.live = live;
+      constexpr int VB = Cfg::kKVecBytes, VVB = Cfg::kVVecBytes;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint8_t* kt = tiles + s * Cfg::kStageBytes + u * 2 * Cfg::kTileBytes;
+        const uint8_t* vt = kt + Cfg::kTileBytes;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int i = 0; i < Cfg::kKVecs; ++i)
+            load_smem_vec<VB>(kt + tile_off(g + 8 * t, Cfg::k_vector(i, c) * VB), &b.kw[u][t][i * VB / 4]);
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+          for (int i = 0; i < Cfg::kVVecs; ++i)
+            load_smem_vec<VVB>(vt + tile_off(2 * c + vtok(t), (i * 8 + g) * VVB), &b.vw[u][t][i * VVB / 4]);
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < S; ++s) issue(s, s);
+    int k = 0, s = 0;
+    uint32_t parity = 0;
+    while (warp * U + kStride * k < total_steps) {
+      mbar_wait(bar0 + 8 * s, parity);
+      StepBuffers<Cfg> b;
+      fill(b, s, warp * U + kStride * k, (live_bits >> (s * U)) & ((1u << U) - 1));
+      __syncwarp();
+      issue(s, k + S);
+      compute(b);
+      ++k;
+      if (++s == S) s = 0, parity ^= 1u;
+    }
+    __syncthreads();  // every ring is dead (no copy in flight): obuf may alias them
+  } else {
+    // The pipeline: stage k's buffer is computed while the loads of the
+    // kStages-1 following step groups are in flight. The stage loop is
+    // unrolled so that every buffer index is static (registers, not local
+    // memory).
+    constexpr int S = Cfg::kStages;
+    StepBuffers<Cfg> buf[S];
+    int st0 = warp * U;
+#pragma unroll
+    for (int k = 0; k + 1 < S; ++k) load(buf[k], st0 + k * kStride);
+    bool more = st0 < total_steps;
+    while (more) {
+#pragma unroll
+      for (int k = 0; k < S; ++k) {
+        if (more) {
+          load(buf[(k + S - 1) % S], st0 + (S - 1) * kStride);
+          compute(buf[k]);
+          st0 += kStride;
+          more = st0 < total_steps;
+        }
       }
     }
   }

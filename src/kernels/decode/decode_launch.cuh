@@ -10,10 +10,10 @@
 
 namespace metrale::kernels {
 
-template <class Fmt, int D>
-void launch_decode_instance(const DecodeParams& p, int64_t num_ctas, cudaStream_t stream) {
-  using Cfg = DecodeConfig<Fmt, D>;
-  auto kernel = paged_decode_kernel<Fmt, D>;
+template <class Fmt, int D, bool kTma>
+void launch_decode_variant(const DecodeParams& p, int64_t num_ctas, cudaStream_t stream) {
+  using Cfg = DecodeConfig<Fmt, D, kTma>;
+  auto kernel = paged_decode_kernel<Fmt, D, kTma>;
   static const bool smem_ok = [&] {  // once per instantiation: allow > 48 KB of shared memory
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
   }();
@@ -21,6 +21,15 @@ void launch_decode_instance(const DecodeParams& p, int64_t num_ctas, cudaStream_
   const dim3 grid(unsigned(num_ctas), unsigned(p.num_splits));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   detail::check_launch("paged_decode_kernel");
+}
+
+// The TMA kernel for the unscaled formats (DecodeConfig says why not NVFP4).
+template <class Fmt, int D>
+void launch_decode_instance(const DecodeParams& p, int64_t num_ctas, cudaStream_t stream) {
+  if constexpr (!Fmt::kScaled) {
+    if (p.use_tma) return launch_decode_variant<Fmt, D, true>(p, num_ctas, stream);
+  }
+  launch_decode_variant<Fmt, D, false>(p, num_ctas, stream);
 }
 
 template <class Fmt>

@@ -2,6 +2,8 @@
 // converted once (factors folded, layout flattened), passed by value.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "metrale/codec.hpp"
@@ -13,6 +15,11 @@ namespace metrale::kernels {
 constexpr int32_t kDecodeQHeadsPerCta = 8;
 
 struct DecodeParams {
+  // TMA descriptors of the K and V caches (kv_tensor_map.hpp): boxes of 16
+  // tokens of one head's rows of one page; valid when use_tma.
+  CUtensorMap k_map;
+  CUtensorMap v_map;
+  bool use_tma;
   const bf16* q;             // [num_seqs, q_stride]; head h at h*D
   int64_t q_stride;          // elements
   const uint8_t* k_cache;    // page p at p*page_stride bytes
