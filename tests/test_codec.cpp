@@ -15,6 +15,8 @@
 
 #include <metrale/codec.hpp>
 
+#include "kernels/cache/quantize_fast.cuh"  // host branches of the GPU cache-write quantizers
+
 #include <algorithm>
 #include <array>
 #include <cfloat>
@@ -927,6 +929,172 @@ TEST(NVFP4, RandomGroupsMatchReferenceAndErrorBound) {
   EXPECT_EQ(fb_bound.count, 0);
   EXPECT_GT(normal_scale_groups, 10000) << "generator drifted: too few groups with a normal scale";
   RecordProperty("ideal_mismatches", ideal_mismatches);
+}
+
+// ------------------------------------------- fast cache-write quantizers
+// src/kernels/cache/quantize_fast.cuh, host branches: these must equal the
+// codec (the definition the CPU reference calls) bit for bit. The device
+// branches differ only in single instructions with exact host models
+// (IMAD.HI, VIMNMX, PRMT, SHF.R.W, FMUL.SAT) and in the hardware E4M3
+// conversions, whose host branch is the codec itself.
+
+namespace fq = metrale::cuda::fastq;
+
+// Every non-negative f32 y up to +inf (2^31 values): the E2M1 magnitude from
+// z = min(y / 8, 1) by e2m1_sat8_bits plus the per-word saturation, and the
+// older e2m1_magnitude_bits (the extreme-global-scale kernel), against the
+// codec.
+TEST(FastQuantize, E2M1MagnitudeOfEveryNonNegativeF32) {
+  uint64_t bad_sat8 = 0, bad_magic = 0;
+  for (uint64_t u = 0; u <= 0x7f800000u; ++u) {
+    const float y = float_of(uint32_t(u));
+    const uint32_t want = codec::e2m1_rne_satfinite(y) & 7u;
+    const uint32_t nib = fq::e2m1_sat8_bits(fq::mul_abs_sat(y, 0.125f)) & 0xfu;
+    if (fq::e2m1x8_saturate(nib) != want || nib > 8u) {
+      if (++bad_sat8 <= 10) ADD_FAILURE() << "sat8 " << desc(y) << ": nibble " << nib << " want " << want;
+    }
+    if ((fq::e2m1_magnitude_bits(y) & 0xfu) != want) {
+      if (++bad_magic <= 10) ADD_FAILURE() << "magic " << desc(y) << " want " << want;
+    }
+  }
+  EXPECT_EQ(bad_sat8, 0u);
+  EXPECT_EQ(bad_magic, 0u);
+}
+
+TEST(FastQuantize, SaturateAndSignsOfPackedWords) {
+  // Every nibble value 0..8 in every position, with the other nibbles varied.
+  for (int pos = 0; pos < 8; ++pos)
+    for (uint32_t n = 0; n <= 8; ++n)
+      for (uint32_t other = 0; other <= 8; ++other) {
+        uint32_t acc = 0, want = 0;
+        for (int k = 0; k < 8; ++k) {
+          const uint32_t v = k == pos ? n : (other + uint32_t(k)) % 9u;
+          acc |= v << (4 * k);
+          want |= (v == 8u ? 7u : v) << (4 * k);
+        }
+        ASSERT_EQ(fq::e2m1x8_saturate(acc), want) << std::hex << acc;
+      }
+  // Sign bits land on bit 4i+3 of element i.
+  for (int i = 0; i < 8; ++i) {
+    uint32_t w[4] = {0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu};
+    w[i / 2] |= (i & 1) ? 0x80000000u : 0x00008000u;
+    ASSERT_EQ(fq::e2m1x8_signs(w), 1u << (4 * i + 3)) << i;
+  }
+}
+
+TEST(FastQuantize, UnitRouteAcceptsOrdinaryGlobalScalesOnly) {
+  for (float g : {1.0f, 30.0f / 2688.0f, 5.0f / 2688.0f, 1e-6f, 1e-20f, 1e20f, 1e30f, 3e-29f})
+    EXPECT_TRUE(fq::nvfp4_unit_route_ok(g)) << g;
+  for (float g : {kDenormMin, 1e-42f, 1e-38f, 3e38f, std::numeric_limits<float>::max(), 1e37f})
+    EXPECT_FALSE(fq::nvfp4_unit_route_ok(g)) << g;
+}
+
+// Per element, for global scales at and around the edges of the unit route
+// and random ones inside it: for every nonzero finite scale code s (so every
+// inv the route can meet) and every bf16 x, the route's code
+// (mul_abs_sat(x, inv * 0.125), e2m1_sat8_bits, saturation, x's sign) equals
+// codec::e2m1_rne_satfinite(x * inv), NaN x excepted (its group has the NaN
+// scale and is zeroed).
+TEST(FastQuantize, UnitRouteElementCodesForEveryBf16AndScale) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed) + " (replay with METRALE_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  std::vector<float> gs = {1.0f, 30.0f / 2688.0f, 5.0f / 2688.0f, 1.0f / 6.0f, 3.0f, 0.1f};
+  // Walk to the smallest and largest g the route accepts, and take both.
+  for (float edge : {1e-30f, 1e30f}) {
+    float g = edge;
+    const float dir = edge < 1.0f ? 0.5f : 2.0f;
+    while (fq::nvfp4_unit_route_ok(g * dir)) g *= dir;
+    for (int i = 0; i < 64 && fq::nvfp4_unit_route_ok(edge < 1.0f ? down(g) : up(g)); ++i)
+      g = edge < 1.0f ? down(g) : up(g);
+    ASSERT_TRUE(fq::nvfp4_unit_route_ok(g));
+    gs.push_back(g);
+  }
+  std::uniform_real_distribution<float> ue(-90.0f, 90.0f);
+  for (int i = 0; i < 24; ++i) {
+    const float g = std::exp2(ue(rng)) * float(1.0 + (rng() % 1000) / 1000.0);
+    if (fq::nvfp4_unit_route_ok(g)) gs.push_back(g);
+  }
+  uint64_t bad = 0;
+  for (const float g : gs) {
+    for (uint32_t s = 1; s < codec::kE4M3NaN; ++s) {
+      const float inv = 1.0f / (codec::e4m3_to_float(uint8_t(s)) * g);
+      const float inv8 = inv * 0.125f;
+      for (uint32_t b = 0; b < 0x10000u; ++b) {
+        if ((b & 0x7fffu) > 0x7f80u) continue;  // NaN
+        const float x = float_of(b << 16);
+        const uint32_t got = fq::e2m1x8_saturate(fq::e2m1_sat8_bits(fq::mul_abs_sat(x, inv8)) & 0xfu) | ((b >> 12) & 8u);
+        const uint32_t want = codec::e2m1_rne_satfinite(x * inv);
+        if (got != want && ++bad <= 10)
+          ADD_FAILURE() << "g " << desc(g) << " s " << hex(uint8_t(s), 2) << " x " << desc(x) << ": got " << got
+                        << " want " << want;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+// Whole groups: fq::nvfp4_quantize_2groups_unit (and the older
+// nvfp4_quantize_groups<2>) against two codec::nvfp4_quantize_group calls, on
+// random groups with NaN, infinities, signed zeros, subnormals and wide
+// magnitude spreads.
+TEST(FastQuantize, GroupsMatchCodec) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed) + " (replay with METRALE_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> ue(-40.0f, 40.0f);
+  int bad = 0, unit_groups = 0;
+  for (int iter = 0; iter < 200000; ++iter) {
+    float g = iter % 3 == 0 ? 1.0f : std::exp2(ue(rng) * (iter % 7 == 0 ? 3.0f : 0.3f));
+    const bool unit = fq::nvfp4_unit_route_ok(g);
+    const float center = std::exp2(ue(rng) * 0.5f);
+    uint32_t w[16];
+    float x[32];
+    for (int i = 0; i < 32; ++i) {
+      uint16_t bits;
+      const uint64_t r = rng();
+      switch (r % 41) {
+        case 0: bits = 0x7fc0; break;                                  // NaN
+        case 1: bits = 0x7f80; break;                                  // +inf
+        case 2: bits = 0xff80; break;                                  // -inf
+        case 3: bits = 0x8000; break;                                  // -0
+        case 4: bits = uint16_t(0x0001 + (r >> 8) % 0x7f); break;      // subnormal
+        case 5: bits = uint16_t(r >> 16); break;                       // any pattern
+        default: {
+          const float v = center * std::exp2(float(int((r >> 8) % 24)) - 16.0f) *
+                          float(int((r >> 16) % 2001) - 1000) / 1000.0f;
+          bits = codec::float_to_bf16(v).bits;
+        }
+      }
+      if (iter % 5 != 0 && (bits & 0x7fff) >= 0x7f80) bits = uint16_t(bits & 0x8000);  // mostly finite groups
+      x[i] = float_of(uint32_t(bits) << 16);
+      if (i & 1) w[i / 2] |= uint32_t(bits) << 16;
+      else w[i / 2] = bits;
+    }
+    uint8_t want_packed[16], want_s[2];
+    want_s[0] = codec::nvfp4_quantize_group(x, g, want_packed);
+    want_s[1] = codec::nvfp4_quantize_group(x + 16, g, want_packed + 8);
+    uint32_t packed[4];
+    uint8_t s[2];
+    auto compare = [&](const char* name) {
+      const bool ok = std::memcmp(packed, want_packed, 16) == 0 && s[0] == want_s[0] && s[1] == want_s[1];
+      if (!ok && ++bad <= 10) {
+        std::string xs;
+        for (int i = 0; i < 32; ++i) xs += desc(x[i]) + " ";
+        ADD_FAILURE() << name << " g " << desc(g) << " scales " << int(s[0]) << "," << int(s[1]) << " want "
+                      << int(want_s[0]) << "," << int(want_s[1]) << " x: " << xs;
+      }
+    };
+    fq::nvfp4_quantize_groups<2>(w, g, packed, s);
+    compare("nvfp4_quantize_groups<2>");
+    if (unit) {
+      ++unit_groups;
+      fq::nvfp4_quantize_2groups_unit(w, 6.0f * g, g, packed, s);
+      compare("nvfp4_quantize_2groups_unit");
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(unit_groups, 100000);
 }
 
 }  // namespace

@@ -144,6 +144,147 @@ __device__ __forceinline__ float e4m3_to_float_hw(uint8_t c) {
 }
 #endif
 
+// ---- The NVFP4 route for "ordinary" global scales (see
+// nvfp4_unit_route_ok): codes from z = min(|x| * inv/8, 1), fewer and cheaper
+// instructions per element than e2m1_magnitude_bits. ----
+
+// Portable forms of IMAD.HI and the unsigned 32-bit max (VIMNMX.U32).
+METRALE_HD uint32_t mulhi_u32(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umulhi(a, b);
+#else
+  return uint32_t((uint64_t(a) * b) >> 32);
+#endif
+}
+METRALE_HD uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+// z = min(max(|x| * inv8, 0), 1) with the product rounded to f32 first (NaN
+// gives 0): one FMUL.SAT with an |x| operand on the device (mul.rn.sat.f32
+// clamps the rounded product to [0, 1] and flushes a NaN to +0).
+METRALE_HD float mul_abs_sat(float x, float inv8) {
+#if defined(__CUDA_ARCH__)
+  return __saturatef(__fmul_rn(fabsf(x), inv8));
+#else
+  const float p = fabsf(x) * inv8;
+  return p > 0.0f ? (p < 1.0f ? p : 1.0f) : 0.0f;
+#endif
+}
+
+// E2M1 magnitude code of y = 8z, z in [0, 1] (no NaN), plus the value 8 for
+// y >= 7 (saturated to 7 by e2m1x8_saturate once per word), in the low
+// nibble (bits 4..22 of the result are 0, higher bits are garbage). One magic
+// add rounds z onto the grid of its binade (the E2M1 grid over 8): z < 1/4
+// (y < 2) step 1/16, [1/4, 1/2) step 1/8, [1/2, 1) step 1/4, z = 1 step 1/2;
+// the magic M has that step as its ulp and a mantissa offset of 0, 2, 4, 6
+// ulps, M = 2^19, 2^20 + 2/8, 2^21 + 4/4, 2^22 + 6/2 (bits 0x49000000,
+// 0x49800002, 0x4a000004, 0x4a800006), and z + M stays in M's binade, so the
+// IEEE add rounds z to the grid exactly once, ties to the even multiple of
+// the step, which with the even offsets is the even E2M1 mantissa; the sum's
+// low bits are the multiple plus the offset: 0..4 (codes 0..4), 2..4 + 2
+// (codes 4..6), 2..4 + 4 (codes 6, 7 and 8 = 8z rounded to 8), 2 + 6 = 8.
+// M's bits from z's biased exponent e = bits(z) >> 23 (an IMAD.HI, z >= 0):
+// e * 0x00800002 + 0x0affff08 gives the four values for e = 124..127 and less
+// below, where the max with 0x49000000 takes over (e * 0x00800002 < 2^30, no
+// wrap). Checked against codec::e2m1_rne_satfinite for every f32 y in
+// [0, +inf] (tests/test_codec.cpp), with z = min(y / 8, 1).
+METRALE_HD uint32_t e2m1_sat8_bits(float z) {
+  const uint32_t e = mulhi_u32(codec::f32_bits(z), 512u);
+  const uint32_t mb = max_u32(e * 0x00800002u + 0x0affff08u, 0x49000000u);
+  return codec::f32_bits(add_rn(z, codec::f32_from_bits(mb)));
+}
+
+// Eight nibbles each in 0..8: turns every 8 into 7 (8 - 1 borrows nothing
+// from the nibble above) and leaves 0..7 alone.
+METRALE_HD uint32_t e2m1x8_saturate(uint32_t acc) { return acc - ((acc & 0x88888888u) >> 3); }
+
+// Whether nvfp4_quantize_groups_unit may serve the global scale g: for every
+// nonzero finite E4M3 code s, inv = 1 / (float(s) * g) (the codec's f32
+// operations) is finite and >= 2^-123, so inv * 0.125 is exact and normal;
+// then for every bf16 x, min(fl(|x| * inv/8), 1) is fl(|x| * inv) / 8 clamped
+// to [0, 1] wherever that decides the code: an exact product >= 2^-123 scales
+// exactly (an f32 overflow of |x| * inv, code 7, gives z = 1, code 8 -> 7),
+// and a smaller one has code 0 either way (y and 8z below 2^-122). Host code,
+// evaluated once per launch.
+inline bool nvfp4_unit_route_ok(float global_scale) {
+  for (uint32_t c = 1; c < codec::kE4M3NaN; ++c) {
+    const float inv = 1.0f / (codec::e4m3_to_float(uint8_t(c)) * global_scale);
+    if (!(inv >= codec::f32_from_bits(0x02000000u) && inv < codec::f32_from_bits(0x7f800000u))) return false;
+  }
+  return true;
+}
+
+#if defined(__CUDA_ARCH__)
+// Two codec::e4m3_rne_satfinite of values that are +0, positive or NaN (a in
+// the low byte), sign bits cleared (see e4m3_rne_satfinite_nonneg_hw).
+__device__ __forceinline__ uint32_t e4m3x2_rne_satfinite_nonneg_hw(float a, float b) {
+  uint16_t c;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(c) : "f"(b), "f"(a));
+  return uint32_t(c) & 0x7f7fu;
+}
+// codec::e4m3_to_float of the two codes in the low two bytes of c (see
+// e4m3_to_float_hw; byte 0 -> *a, byte 1 -> *b).
+__device__ __forceinline__ void e4m3x2_to_float_hw(uint32_t c, float* a, float* b) {
+  asm("{\n\t.reg .b32 t;\n\t.reg .b16 lo, hi;\n\t"
+      "cvt.rn.f16x2.e4m3x2 t, %2;\n\tmov.b32 {lo, hi}, t;\n\tcvt.f32.f16 %0, lo;\n\tcvt.f32.f16 %1, hi;\n\t}"
+      : "=f"(*a), "=f"(*b)
+      : "h"(uint16_t(c)));
+}
+#endif
+
+// The largest |x| of a group (8 words of bf16 pairs) as an f32 bit pattern
+// (bf16 pattern << 16): packed unsigned 16-bit max of the sign-cleared halves
+// (see nvfp4_quantize_groups), then the max of the two halves, by swapping
+// them (PRMT) and one more packed max; a NaN pattern beats every number.
+METRALE_HD uint32_t bf16x16_amax_bits(const uint32_t* v) {
+  uint32_t m[4];
+  for (int i = 0; i < 4; ++i) m[i] = max_u16x2(v[i] & 0x7fff7fffu, v[i + 4] & 0x7fff7fffu);
+  const uint32_t mm = max_u16x2(max_u16x2(m[0], m[1]), max_u16x2(m[2], m[3]));
+  return max_u16x2(mm, byte_perm(mm, 0u, 0x1032u)) & 0xffff0000u;
+}
+
+// codec::nvfp4_quantize_group for 2 consecutive groups (layout as
+// nvfp4_quantize_groups<2>), for a global scale g with
+// nvfp4_unit_route_ok(g); six_g = 6.0f * g (f32, as the codec computes it).
+//  * amax, q = amax / six_g and the scale code s as nvfp4_quantize_groups
+//    (one conversion instruction for both groups on the device).
+//  * s = 0 (the codec's `zero`) or s = NaN code: every code 0 (keep mask);
+//    the products are then garbage and masked.
+//  * otherwise inv = 1 / (float(s) * g) is finite, >= 2^-123 (route
+//    condition), inv8 = inv * 0.125 exact; per element
+//    z = mul_abs_sat(x, inv8), magnitude by e2m1_sat8_bits (8 saturated to 7
+//    per word), sign = x's sign (inv > 0, so x * inv keeps it, -0 included;
+//    a NaN x cannot occur: the group's s would be the NaN code).
+METRALE_HD void nvfp4_quantize_2groups_unit(const uint32_t* w, float six_g, float global_scale, uint32_t* packed,
+                                            uint8_t* scale) {
+  const float q0 = codec::f32_from_bits(bf16x16_amax_bits(w)) / six_g;
+  const float q1 = codec::f32_from_bits(bf16x16_amax_bits(w + 8)) / six_g;
+#if defined(__CUDA_ARCH__)
+  const uint32_t s01 = e4m3x2_rne_satfinite_nonneg_hw(q0, q1);
+  float sf0, sf1;
+  e4m3x2_to_float_hw(s01, &sf0, &sf1);
+  const uint8_t s[2] = {uint8_t(s01 & 0xffu), uint8_t(s01 >> 8)};
+#else
+  const uint8_t s[2] = {codec::e4m3_rne_satfinite(q0), codec::e4m3_rne_satfinite(q1)};
+  const float sf0 = codec::e4m3_to_float(s[0]), sf1 = codec::e4m3_to_float(s[1]);
+#endif
+  const float inv8[2] = {(1.0f / (sf0 * global_scale)) * 0.125f, (1.0f / (sf1 * global_scale)) * 0.125f};
+  uint32_t keep[2];
+  for (int g = 0; g < 2; ++g) {
+    scale[g] = s[g];
+    keep[g] = ((s[g] != 0u) & (s[g] != codec::kE4M3NaN)) ? 0xffffffffu : 0u;
+  }
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t* v = w + 4 * k;
+    uint32_t acc = 0;
+    for (int i = 0; i < 8; ++i) {
+      const float x = codec::f32_from_bits((i & 1) ? (v[i / 2] & 0xffff0000u) : (v[i / 2] << 16));
+      // Element i ends in bits 4i..4i+3 after the remaining 7 - i shifts.
+      acc = shift_in_nibble(acc, e2m1_sat8_bits(mul_abs_sat(x, inv8[k / 2])));
+    }
+    packed[k] = (e2m1x8_saturate(acc) | e2m1x8_signs(v)) & keep[k / 2];
+  }
+}
+
 // codec::nvfp4_quantize_group for N consecutive groups, group g's 16 bf16
 // values as the 8 words w[8g..8g+7] (element 2i in the low half of w[i]),
 // with the same operations on the same values:

@@ -75,6 +75,12 @@ struct CacheWriteParams {
   int32_t chunks_per_token;  // 2 * H * D / kElems
   uint32_t cpt_magic;        // ceil(2^32 / chunks_per_token): it / cpt = umulhi(it, cpt_magic)
   int32_t tokens_per_tile;
+  // nvfp4 unit route only (Nvfp4UnitKernel): 6.0f * g of K and V, and the
+  // bytes of codes and of scales of one token row (H*D/2, H*D/16).
+  float k_six_g;
+  float v_six_g;
+  int32_t row_code_bytes;
+  int32_t row_scale_bytes;
 };
 
 // Unpacks 8 bf16 (one 16-byte word) into f32; exact.
@@ -197,6 +203,83 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const __gri
   }
 }
 
+// 16 bytes from the read-only path, as an asm volatile so that NVVM keeps it
+// ahead of the slot load. (That alone does not stop ptxas from sinking it
+// below a branch on the slot, as happens to __ldg in
+// reshape_and_cache_kernel, whose slot and row latencies add up: see the
+// caller.) A padding token's row is read for nothing, but it lies inside the
+// key/value input.
+__device__ __forceinline__ uint4 ldg_nc_v4_early(const void* ptr) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(ptr));
+  return r;
+}
+
+// NVFP4 for global scales that pass fastq::nvfp4_unit_route_ok (every
+// ordinary g; the host checks K's and V's once per launch, otherwise
+// reshape_and_cache_kernel<Nvfp4Policy> runs). Same work split as
+// reshape_and_cache_kernel (32-element chunks, kThreads-thread tiles of
+// tokens, grid-stride over tiles, skipped counting), with the chunk index
+// taken over a token's whole K (or V) row: heads are contiguous in the input
+// row and in the page (row (t*H + h) * D/2 bytes of codes, D/16 of scales),
+// so chunk c of token row t is src + 32c -> codes t*(H*D/2) + 16c, scales
+// t*(H*D/16) + 2c, with no head/chunk split; offsets inside a page fit 32
+// bits (block_size <= 128, H*D/2 <= 2^17).
+__global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_constant__ CacheWriteParams p) {
+  const int32_t cpt = p.chunks_per_token;
+  const int32_t cpr = cpt >> 1;  // chunks of one K (or V) token row
+  const int32_t offset_mask = (1 << p.log2_block_size) - 1;
+  const int64_t num_tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
+  int32_t skipped = 0;
+
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int64_t tok0 = tile * p.tokens_per_tile;
+    const int64_t left = p.num_tokens - tok0;
+    const int32_t ntok = left < p.tokens_per_tile ? int32_t(left) : p.tokens_per_tile;
+    const int32_t items = ntok * cpt;
+    for (int32_t it = threadIdx.x; it < items; it += kThreads) {
+      const int32_t lt = int32_t(__umulhi(uint32_t(it), p.cpt_magic));
+      const int32_t rem = it - lt * cpt;
+      const int64_t token = tok0 + lt;
+      const bool is_v = rem >= cpr;
+      const int32_t c = is_v ? rem - cpr : rem;
+      const bf16* base = is_v ? p.value : p.key;  // select, then one 64-bit multiply-add
+      const int64_t stride = is_v ? p.value_stride : p.key_stride;
+      const bf16* src = base + (token * stride + c * 32);
+      const uint4 r0 = ldg_nc_v4_early(src), r1 = ldg_nc_v4_early(src + 8), r2 = ldg_nc_v4_early(src + 16),
+                  r3 = ldg_nc_v4_early(src + 24);
+      const int64_t slot = __ldg(p.slot_mapping + token);
+      // Quantize before looking at the slot (a padding or skipped token's
+      // codes are computed for nothing): a branch on the slot ahead of the
+      // code would let ptxas sink the row loads below it.
+      const uint32_t w[16] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w,
+                              r2.x, r2.y, r2.z, r2.w, r3.x, r3.y, r3.z, r3.w};
+      uint32_t packed[4];
+      uint8_t s[2];
+      fastq::nvfp4_quantize_2groups_unit(w, is_v ? p.v_six_g : p.k_six_g, is_v ? p.v_param : p.k_param, packed, s);
+      if (slot < 0) continue;  // padding token
+      if (slot >= p.capacity) {
+        skipped += (rem == 0);
+        continue;
+      }
+      const int64_t block = slot >> p.log2_block_size;
+      const int32_t offset = int32_t(slot) & offset_mask;
+      uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
+      *reinterpret_cast<uint4*>(page + (offset * p.row_code_bytes + c * 16)) =
+          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      *reinterpret_cast<uint16_t*>(page + p.data_section_bytes + (offset * p.row_scale_bytes + c * 2)) =
+          uint16_t(s[0] | (s[1] << 8));
+    }
+  }
+
+  if (p.skipped != nullptr) {
+    const int32_t warp_total = __reduce_add_sync(0xffffffffu, skipped);
+    if (warp_total != 0 && (threadIdx.x & 31) == 0) atomicAdd(p.skipped, warp_total);
+  }
+}
+
 int log2_exact(int64_t v) {
   int l = 0;
   while ((int64_t(1) << l) < v) ++l;
@@ -204,7 +287,8 @@ int log2_exact(int64_t v) {
 }
 
 template <class P>
-void launch(CacheWriteParams p, cudaStream_t stream, const char* name) {
+void launch(CacheWriteParams p, cudaStream_t stream, const char* name,
+            void (*kernel)(const CacheWriteParams) = reshape_and_cache_kernel<P>) {
   const int32_t cpr = p.head_dim / P::kElems;
   p.log2_chunks_per_row = log2_exact(cpr);
   p.chunks_per_token = 2 * p.num_kv_heads * cpr;  // <= 2 * 1024 * 32
@@ -216,7 +300,7 @@ void launch(CacheWriteParams p, cudaStream_t stream, const char* name) {
   p.cpt_magic = uint32_t(((uint64_t(1) << 32) + uint64_t(p.chunks_per_token) - 1) / uint64_t(p.chunks_per_token));
   const int64_t tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
   const int64_t grid = tiles < kMaxBlocks ? tiles : kMaxBlocks;
-  reshape_and_cache_kernel<P><<<dim3(uint32_t(grid)), dim3(kThreads), 0, stream>>>(p);
+  kernel<<<dim3(uint32_t(grid)), dim3(kThreads), 0, stream>>>(p);
   detail::check_launch(name);
 }
 
@@ -260,7 +344,15 @@ void reshape_and_cache(const CacheWriteArgs& args, Stream stream) {
     case KvFormat::nvfp4:
       p.k_param = args.cache.scales.k_global_scale;
       p.v_param = args.cache.scales.v_global_scale;
-      launch<Nvfp4Policy>(p, s, "reshape_and_cache<nvfp4>");
+      if (fastq::nvfp4_unit_route_ok(p.k_param) && fastq::nvfp4_unit_route_ok(p.v_param)) {
+        p.k_six_g = 6.0f * p.k_param;  // the codec's f32 product
+        p.v_six_g = 6.0f * p.v_param;
+        p.row_code_bytes = p.num_kv_heads * p.head_dim / 2;
+        p.row_scale_bytes = p.num_kv_heads * p.head_dim / 16;
+        launch<Nvfp4Policy>(p, s, "reshape_and_cache<nvfp4>", nvfp4_unit_kernel);
+      } else {
+        launch<Nvfp4Policy>(p, s, "reshape_and_cache<nvfp4, extreme global scale>");
+      }
       break;
   }
 }
