@@ -8,6 +8,7 @@
 #   BENCH_ARGS="--mode oracle" tools/device_run.sh
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh   # use carried binaries
 #   PYTEST=0 / BENCH=0 / PEERS=0 skip parts; CP_BENCH=1 runs the multi-GPU benchmark
+#   PEERS_ARGS="--peers sdpa" passes options to bench/peers.py
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
 # in .deps/ (see README "Running on the H200").
@@ -67,7 +68,8 @@ if [ "${BENCH:-1}" = 1 ]; then
   "$BUILD/bench/metrale_bench" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
   # Peers on the same shapes in the same run (PyTorch is on the GPU machine).
   if [ "${PEERS:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
-    PYTHONUNBUFFERED=1 python3 bench/peers.py --metrale-csv "$OUT/bench.csv" --csv "$OUT/peers.csv" 2>&1 | tee "$OUT/peers.log"
+    PYTHONUNBUFFERED=1 python3 bench/peers.py --metrale-csv "$OUT/bench.csv" --csv "$OUT/peers.csv" ${PEERS_ARGS:-} 2>&1 |
+      tee "$OUT/peers.log"
   fi
 fi
 # Context-parallel scaling where the machine has several GPUs.
