@@ -328,9 +328,23 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       const int64_t page_off = int64_t(live ? page : 0) * p.page_stride + tok0 * row_stride;
       const uint8_t* kp = p.k_cache + page_off + head_off + k_thread;
       const uint8_t* vp = p.v_cache + page_off + head_off + v_thread;
-      // A dead step loads nothing and keeps an older step's (defined) bytes:
-      // compute() masks its logits and zeroes its V operands.
-      if (!live) continue;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int w = 0; w < Cfg::kKWords; ++w) b.kw[u][t][w] = 0;
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+#pragma unroll
+        for (int w = 0; w < Cfg::kVWords; ++w) b.vw[u][t][w] = 0;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < Cfg::kKScaleBytes; ++i) b.ks[u][t][i] = 0;
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+#pragma unroll
+        for (int i = 0; i < Cfg::kVScaleBytes; ++i) b.vs[u][t][i] = 0;
+      if (!live) continue;  // nothing to load; compute() masks the whole step
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -351,12 +365,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
         for (int t = 0; t < 2; ++t)
 #pragma unroll
           for (int i = 0; i < Cfg::kKVecs; ++i)
-            if constexpr (kKScalesPerVec == 2) {  // both groups of a 16-byte vector in one 2-byte load
-              const uint32_t two = __ldg(reinterpret_cast<const uint16_t*>(ksp + 8 * t * srow + i * 8));
-              b.ks[u][t][2 * i] = uint8_t(two), b.ks[u][t][2 * i + 1] = uint8_t(two >> 8);
-            } else {
-              b.ks[u][t][i] = __ldg(ksp + 8 * t * srow + i * 4);
-            }
+#pragma unroll
+            for (int j = 0; j < kKScalesPerVec; ++j)
+              b.ks[u][t][i * kKScalesPerVec + j] = __ldg(ksp + 8 * t * srow + i * 4 * kKScalesPerVec + j);
 #pragma unroll
         for (int t = 0; t < 4; ++t)
 #pragma unroll
@@ -591,7 +602,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
     // unrolled so that every buffer index is static (registers, not local
     // memory).
     constexpr int S = Cfg::kStages;
-    StepBuffers<Cfg> buf[S] = {};  // zero once: dead steps never load (see load)
+    StepBuffers<Cfg> buf[S];
     int st0 = warp * U;
 #pragma unroll
     for (int k = 0; k + 1 < S; ++k) load(buf[k], st0 + k * kStride);
