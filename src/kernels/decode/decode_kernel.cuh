@@ -6,10 +6,11 @@
 // head's cache: the GQA group is the N dimension of the tensor-core MMAs
 // (columns beyond the group are zero and never stored). The CTA's 4 warps
 // take groups of kUnroll consecutive 16-token steps of the split's pages
-// round-robin, loading the next groups into further register stages while
-// computing the current one; each warp keeps its own online-softmax state
-// and output accumulator in registers, with no barrier in the main loop,
-// and the warps merge through shared memory at the end.
+// round-robin, loading the next groups while computing the current one:
+// bf16 and fp8 through TMA into a per-warp ring of shared-memory stages
+// (kTma), NVFP4 into further register stages. Each warp keeps its own
+// online-softmax state and output accumulator in registers, with no barrier
+// in the main loop, and the warps merge through shared memory at the end.
 //
 // Tokens sit on the MMA's M (as in TensorRT-LLM's XQA), so one m16n8k16
 // covers 16 tokens and the dequantized cache values are A operands straight
@@ -19,17 +20,19 @@
 //   O^T += V^T P^T (M = 16 head_dim rows per tile, N = 8 q heads, K = the 16
 //                  tokens); P^T's B fragment is S^T's C fragment transposed
 //                  in registers by two movmatrix (8x8 b16 transposes).
-// Every thread loads whole 16-byte vectors of token rows straight from
-// global memory:
+// Every thread loads whole 16-byte vectors of token rows (from global
+// memory, or from the TMA stage in shared memory):
 //   K: thread (g = lane/4, c = lane%4) loads tokens g and g+8 of the step,
-//      vectors i*4 + c of each row (EK elements each); element e of that
+//      vectors Cfg::k_vector(i, c) of each row (i*4 + c from global memory;
+//      EK elements each); element e of that
 //      quarter row feeds fragment slot r of QK k-step kk where
 //      e = Fmt::k_elem(kk, r) (4kk + r, or the order NVFP4 unpacks in), and
 //      Q is loaded in the same permutation.
 //   V: thread (g, c) loads tokens 2c, 2c+1, 2c+8, 2c+9 of the step, vectors
 //      i*8 + g; element e of that eighth row (d = (i*8 + g)*EV + e%EV, EV
 //      elements per vector) is row g + 8*(e%2) of output tile e/2.
-// Both patterns read whole 32-byte sectors per instruction.
+// From global memory both patterns read whole 32-byte sectors per
+// instruction; from the swizzled stages they are free of bank conflicts.
 //
 // Softmax runs in the log2 domain with K's dequant factor and sm_scale
 // folded into one multiplier. The running max is only raised when a new
@@ -74,13 +77,14 @@ constexpr bool k_permutation_ok() {
 #ifndef METRALE_TMA_RING_BYTES
 #define METRALE_TMA_RING_BYTES 98304
 #endif
+// Most steps per TMA stage (1 for A/B runs: bench/RESULTS.md v7 step 4).
 #ifndef METRALE_TMA_STAGE_STEPS
 #define METRALE_TMA_STAGE_STEPS 2
 #endif
 
 // kTma: K/V tiles reach shared memory through TMA (a per-warp ring of
-// stages, see the kernel) instead of registers; the register path remains
-// for a driver that cannot encode the tensor maps.
+// stages, see the kernel) instead of registers. The register path serves
+// NVFP4, and bf16/fp8 where the driver cannot encode the tensor maps.
 template <class Fmt, int D, bool kTma = false>
 struct DecodeConfig {
   static constexpr int kWarps = 4;
@@ -553,7 +557,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       }
     };
     // Byte `b` of token `tok`'s row in a swizzled tile: box b / BB, chunk
-    // index XORed with bits of the token's line index (tma_swizzle).
+    // index XORed with bits of the token's 128-byte line index, as TMA's
+    // 128B/64B/32B swizzle stores it (DecodeConfig, TMA ring).
     auto tile_off = [](int tok, int b) {
       const int x = ((tok * BB) >> 7 & Cfg::kSwizzleMask) << 4;
       return (b / BB) * 16 * BB + tok * BB + ((b % BB) ^ x);
