@@ -172,6 +172,8 @@ struct DecodeConfig {
   static constexpr int kBarOffset = (kStatOffset + kStatBytes + 7) / 8 * 8;
   static constexpr int kSmemBytes = kBarOffset + (kTma ? kWarps * kRingStages * 8 : 0);
 
+  static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory of one CTA on sm_90");
+  static_assert(!kTma || kStageBytes % 1024 == 0, "stages keep the swizzle atoms 1024-byte aligned");
   static_assert(kKVecBytes >= 4 && kVVecBytes >= 4, "rows too narrow for word loads");
   static_assert(kKElemsPerVec % 4 == 0, "a k-step takes 4 elements per thread");
   static_assert(!Fmt::kScaled || kKElemsPerVec % 16 == 0, "K vectors must hold whole NVFP4 groups");
