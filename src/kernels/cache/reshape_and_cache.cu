@@ -156,14 +156,15 @@ struct Nvfp4Policy {
   }
 };
 
-template <class P>
-__global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const __grid_constant__ CacheWriteParams p) {
-  const int32_t H = p.num_kv_heads;
+// Both kernels' work split: kThreads-thread tiles of tokens_per_tile tokens,
+// grid-stride over the tiles, item `it` of a tile = chunk `rem` (0 ..
+// chunks_per_token-1) of token `token`. `item(token, rem, skipped)` does one
+// item; the skipped counts reach p.skipped once per warp.
+template <class Item>
+__device__ __forceinline__ void for_each_chunk(const CacheWriteParams& p, Item item) {
   const int32_t cpt = p.chunks_per_token;
-  const int32_t cpr_mask = (1 << p.log2_chunks_per_row) - 1;
   const int64_t num_tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
   int32_t skipped = 0;
-
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const int64_t tok0 = tile * p.tokens_per_tile;
     const int64_t left = p.num_tokens - tok0;
@@ -173,34 +174,49 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const __gri
       const int32_t lt = int32_t(__umulhi(uint32_t(it), p.cpt_magic));
       const int32_t rem = it - lt * cpt;
       const int64_t token = tok0 + lt;
-      const int32_t r = rem >> p.log2_chunks_per_row;  // 0..2H-1: K heads then V heads
-      const int32_t chunk = rem & cpr_mask;
-      const bool is_v = r >= H;
-      const int32_t h = is_v ? r - H : r;
-      const bf16* src = is_v ? p.value + token * p.value_stride : p.key + token * p.key_stride;
-      src += int64_t(h) * p.head_dim + int64_t(chunk) * P::kElems;
-      // The source row does not depend on the slot: issue its loads together
-      // with the slot's so the two latencies overlap (a padding token's row
-      // is read for nothing, but it lies inside the key/value input).
-      const typename P::Raw raw = P::load(src);
-      const int64_t slot = __ldg(p.slot_mapping + token);
-      if (slot < 0) continue;  // padding token
-      if (slot >= p.capacity) {
-        skipped += (rem == 0);
-        continue;
-      }
-      const int64_t block = slot >> p.log2_block_size;
-      const int64_t offset = slot & ((int64_t(1) << p.log2_block_size) - 1);
-      uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
-      const int64_t row = offset * H + h;  // (t*H + h) within the page
-      P::store(raw, page, row, chunk, p.head_dim, p.data_section_bytes, is_v ? p.v_param : p.k_param);
+      item(token, rem, skipped);
     }
   }
-
   if (p.skipped != nullptr) {
     const int32_t warp_total = __reduce_add_sync(0xffffffffu, skipped);
     if (warp_total != 0 && (threadIdx.x & 31) == 0) atomicAdd(p.skipped, warp_total);
   }
+}
+
+// Whether `slot` is written: not for padding (< 0), nor past the capacity,
+// which counts the token once (at its chunk 0) as skipped.
+__device__ __forceinline__ bool slot_in_cache(const CacheWriteParams& p, int64_t slot, int32_t rem, int32_t& skipped) {
+  if (slot < 0) return false;
+  if (slot >= p.capacity) {
+    skipped += (rem == 0);
+    return false;
+  }
+  return true;
+}
+
+template <class P>
+__global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const __grid_constant__ CacheWriteParams p) {
+  const int32_t H = p.num_kv_heads;
+  const int32_t cpr_mask = (1 << p.log2_chunks_per_row) - 1;
+  for_each_chunk(p, [&](int64_t token, int32_t rem, int32_t& skipped) {
+    const int32_t r = rem >> p.log2_chunks_per_row;  // 0..2H-1: K heads then V heads
+    const int32_t chunk = rem & cpr_mask;
+    const bool is_v = r >= H;
+    const int32_t h = is_v ? r - H : r;
+    const bf16* src = is_v ? p.value + token * p.value_stride : p.key + token * p.key_stride;
+    src += int64_t(h) * p.head_dim + int64_t(chunk) * P::kElems;
+    // The source row does not depend on the slot: issue its loads together
+    // with the slot's so the two latencies overlap (a padding token's row
+    // is read for nothing, but it lies inside the key/value input).
+    const typename P::Raw raw = P::load(src);
+    const int64_t slot = __ldg(p.slot_mapping + token);
+    if (!slot_in_cache(p, slot, rem, skipped)) return;
+    const int64_t block = slot >> p.log2_block_size;
+    const int64_t offset = slot & ((int64_t(1) << p.log2_block_size) - 1);
+    uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
+    const int64_t row = offset * H + h;  // (t*H + h) within the page
+    P::store(raw, page, row, chunk, p.head_dim, p.data_section_bytes, is_v ? p.v_param : p.k_param);
+  });
 }
 
 // 16 bytes from the read-only path, as an asm volatile so that NVVM keeps it
@@ -219,65 +235,42 @@ __device__ __forceinline__ uint4 ldg_nc_v4_early(const void* ptr) {
 
 // NVFP4 for global scales that pass fastq::nvfp4_unit_route_ok (every
 // ordinary g; the host checks K's and V's once per launch, otherwise
-// reshape_and_cache_kernel<Nvfp4Policy> runs). Same work split as
-// reshape_and_cache_kernel (32-element chunks, kThreads-thread tiles of
-// tokens, grid-stride over tiles, skipped counting), with the chunk index
-// taken over a token's whole K (or V) row: heads are contiguous in the input
+// reshape_and_cache_kernel<Nvfp4Policy> runs). Same work split
+// (for_each_chunk, 32-element chunks), with the chunk index taken over a
+// token's whole K (or V) row: heads are contiguous in the input
 // row and in the page (row (t*H + h) * D/2 bytes of codes, D/16 of scales),
 // so chunk c of token row t is src + 32c -> codes t*(H*D/2) + 16c, scales
 // t*(H*D/16) + 2c, with no head/chunk split; offsets inside a page fit 32
 // bits (block_size <= 128, H*D/2 <= 2^17).
 __global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_constant__ CacheWriteParams p) {
-  const int32_t cpt = p.chunks_per_token;
-  const int32_t cpr = cpt >> 1;  // chunks of one K (or V) token row
+  const int32_t cpr = p.chunks_per_token >> 1;  // chunks of one K (or V) token row
   const int32_t offset_mask = (1 << p.log2_block_size) - 1;
-  const int64_t num_tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
-  int32_t skipped = 0;
-
-  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const int64_t tok0 = tile * p.tokens_per_tile;
-    const int64_t left = p.num_tokens - tok0;
-    const int32_t ntok = left < p.tokens_per_tile ? int32_t(left) : p.tokens_per_tile;
-    const int32_t items = ntok * cpt;
-    for (int32_t it = threadIdx.x; it < items; it += kThreads) {
-      const int32_t lt = int32_t(__umulhi(uint32_t(it), p.cpt_magic));
-      const int32_t rem = it - lt * cpt;
-      const int64_t token = tok0 + lt;
-      const bool is_v = rem >= cpr;
-      const int32_t c = is_v ? rem - cpr : rem;
-      const bf16* base = is_v ? p.value : p.key;  // select, then one 64-bit multiply-add
-      const int64_t stride = is_v ? p.value_stride : p.key_stride;
-      const bf16* src = base + (token * stride + c * 32);
-      const uint4 r0 = ldg_nc_v4_early(src), r1 = ldg_nc_v4_early(src + 8), r2 = ldg_nc_v4_early(src + 16),
-                  r3 = ldg_nc_v4_early(src + 24);
-      const int64_t slot = __ldg(p.slot_mapping + token);
-      // Quantize before looking at the slot (a padding or skipped token's
-      // codes are computed for nothing): a branch on the slot ahead of the
-      // code would let ptxas sink the row loads below it.
-      const uint32_t w[16] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w,
-                              r2.x, r2.y, r2.z, r2.w, r3.x, r3.y, r3.z, r3.w};
-      uint32_t packed[4];
-      uint8_t s[2];
-      fastq::nvfp4_quantize_2groups_unit(w, is_v ? p.v_six_g : p.k_six_g, is_v ? p.v_param : p.k_param, packed, s);
-      if (slot < 0) continue;  // padding token
-      if (slot >= p.capacity) {
-        skipped += (rem == 0);
-        continue;
-      }
-      const int64_t block = slot >> p.log2_block_size;
-      const int32_t offset = int32_t(slot) & offset_mask;
-      uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
-      *reinterpret_cast<uint4*>(page + (offset * p.row_code_bytes + c * 16)) =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      *reinterpret_cast<uint16_t*>(page + p.data_section_bytes + (offset * p.row_scale_bytes + c * 2)) =
-          uint16_t(s[0] | (s[1] << 8));
-    }
-  }
-
-  if (p.skipped != nullptr) {
-    const int32_t warp_total = __reduce_add_sync(0xffffffffu, skipped);
-    if (warp_total != 0 && (threadIdx.x & 31) == 0) atomicAdd(p.skipped, warp_total);
-  }
+  for_each_chunk(p, [&](int64_t token, int32_t rem, int32_t& skipped) {
+    const bool is_v = rem >= cpr;
+    const int32_t c = is_v ? rem - cpr : rem;
+    const bf16* base = is_v ? p.value : p.key;  // select, then one 64-bit multiply-add
+    const int64_t stride = is_v ? p.value_stride : p.key_stride;
+    const bf16* src = base + (token * stride + c * 32);
+    const uint4 r0 = ldg_nc_v4_early(src), r1 = ldg_nc_v4_early(src + 8), r2 = ldg_nc_v4_early(src + 16),
+                r3 = ldg_nc_v4_early(src + 24);
+    const int64_t slot = __ldg(p.slot_mapping + token);
+    // Quantize before looking at the slot (a padding or skipped token's
+    // codes are computed for nothing): a branch on the slot ahead of the
+    // code would let ptxas sink the row loads below it.
+    const uint32_t w[16] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w,
+                            r2.x, r2.y, r2.z, r2.w, r3.x, r3.y, r3.z, r3.w};
+    uint32_t packed[4];
+    uint8_t s[2];
+    fastq::nvfp4_quantize_2groups_unit(w, is_v ? p.v_six_g : p.k_six_g, is_v ? p.v_param : p.k_param, packed, s);
+    if (!slot_in_cache(p, slot, rem, skipped)) return;
+    const int64_t block = slot >> p.log2_block_size;
+    const int32_t offset = int32_t(slot) & offset_mask;
+    uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
+    *reinterpret_cast<uint4*>(page + (offset * p.row_code_bytes + c * 16)) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    *reinterpret_cast<uint16_t*>(page + p.data_section_bytes + (offset * p.row_scale_bytes + c * 2)) =
+        uint16_t(s[0] | (s[1] << 8));
+  });
 }
 
 int log2_exact(int64_t v) {
