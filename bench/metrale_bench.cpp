@@ -85,8 +85,10 @@ int main(int argc, char** argv) {
   }
   const cuda::DeviceInfo dev = cuda::device_info();
   const double ceiling = metrale::bench::measure_read_ceiling_gbps();
-  std::printf("# %s, %d SMs; read ceiling R = %.0f GB/s (16-byte loads, 1 GiB windows, graph replay)\n",
-              dev.name.c_str(), dev.num_sms, ceiling);
+  const double empty_us = metrale::bench::empty_launch_us();
+  std::printf("# %s, %d SMs; read ceiling R = %.0f GB/s (16-byte loads, 1 GiB windows, graph replay); "
+              "empty kernel %.2f us per launch\n",
+              dev.name.c_str(), dev.num_sms, ceiling, empty_us);
 
   int qh = 32, kvh = 8;
   if (std::sscanf(heads.c_str(), "%d/%d", &qh, &kvh) != 2) throw CLI::ValidationError("--heads", heads);
@@ -207,15 +209,16 @@ int main(int argc, char** argv) {
 
   if (!csv_path.empty()) {
     std::ofstream f(csv_path);
-    f << "op,shape,splits,us,gbps,fraction_of_ceiling,ceiling_gbps,max_rel_err,note\n";
+    f << "op,shape,splits,us,gbps,fraction_of_ceiling,ceiling_gbps,max_rel_err,note,empty_launch_us\n";
     for (const Row& r : rows)
       f << r.op << ",\"" << r.shape << "\"," << r.splits << "," << r.us << "," << r.gbps << "," << r.frac << ","
-        << ceiling << "," << r.err << ",\"" << r.note << "\"\n";
+        << ceiling << "," << r.err << ",\"" << r.note << "\"," << empty_us << "\n";
   }
   if (!json_path.empty()) {
     nlohmann::json j;
     j["device"] = dev.name;
     j["ceiling_gbps"] = ceiling;
+    j["empty_launch_us"] = empty_us;
     for (const Row& r : rows)
       j["rows"].push_back({{"op", r.op}, {"shape", r.shape}, {"splits", r.splits}, {"us", r.us}, {"gbps", r.gbps},
                            {"fraction_of_ceiling", r.frac}, {"max_rel_err", r.err}, {"note", r.note}});

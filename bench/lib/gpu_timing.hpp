@@ -22,4 +22,8 @@ double median_us_per_call(const std::function<void(int call, cudaStream_t)>& enq
 // nothing is served from L2. Returns GB/s (1e9 bytes per second).
 double measure_read_ceiling_gbps(size_t bytes = size_t(1) << 30);
 
+// Time of one empty kernel (one CTA) per call, replayed as above: the floor
+// that a small decode's time is read against.
+double empty_launch_us();
+
 }  // namespace metrale::bench

@@ -82,6 +82,17 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   return r;
 }
 
+// (x.lo, x.lo) or (x.hi, x.hi) of an f16x2: ptxas folds it into the
+// operand selector of the HMUL2 that consumes it.
+__device__ __forceinline__ uint32_t f16x2_broadcast(uint32_t x, bool hi) {
+  uint32_t r;
+  if (hi)
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {h, h};\n}\n" : "=r"(r) : "r"(x));
+  else
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n mov.b32 %0, {l, l};\n}\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
 __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -175,6 +175,7 @@ struct DecodeConfig {
   static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory of one CTA on sm_90");
   static_assert(!kTma || kStageBytes % 1024 == 0, "stages keep the swizzle atoms 1024-byte aligned");
   static_assert(kKVecBytes >= 4 && kVVecBytes >= 4, "rows too narrow for word loads");
+  static_assert(kKScaleBytes <= 4 && (!Fmt::kScaled || kVVecs == 1), "a thread's scale bytes of a token fit a word");
   static_assert(kKElemsPerVec % 4 == 0, "a k-step takes 4 elements per thread");
   static_assert(!Fmt::kScaled || kKElemsPerVec % 16 == 0, "K vectors must hold whole NVFP4 groups");
   static_assert(kDTiles % 2 == 0, "V is converted two tiles at a time");
@@ -187,8 +188,10 @@ template <class Cfg>
 struct StepBuffers {
   uint32_t kw[Cfg::kUnroll][2][Cfg::kKWords];
   uint32_t vw[Cfg::kUnroll][4][Cfg::kVWords];
-  uint8_t ks[Cfg::kUnroll][2][Cfg::kKScaleBytes];
-  uint8_t vs[Cfg::kUnroll][4][Cfg::kVScaleBytes];
+  // NVFP4 group-scale bytes of those rows, little-endian in one word per
+  // token (whole words: byte arrays cost a mask per use).
+  uint32_t ks[Cfg::kUnroll][2];
+  uint32_t vs[Cfg::kUnroll][4];
   int32_t st0;                 // first step held
   uint32_t live;               // bit u: step st0+u is inside the split and on a valid page
 };
@@ -223,6 +226,14 @@ __device__ __forceinline__ void load_vec(const uint8_t* ptr, uint32_t* w) {
   }
 }
 
+// Loads `Bytes` (1 or 2) read-only bytes, zero-extended.
+template <int Bytes>
+__device__ __forceinline__ uint32_t load_bytes(const uint8_t* ptr) {
+  static_assert(Bytes == 1 || Bytes == 2, "scale run width");
+  if constexpr (Bytes == 2) return __ldg(reinterpret_cast<const uint16_t*>(ptr));
+  return __ldg(ptr);
+}
+
 template <class Fmt, int D, bool kTma>
 __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
     paged_decode_kernel(const __grid_constant__ DecodeParams p) {
@@ -253,6 +264,11 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   const int split = blockIdx.y;
   const int head0 = kv_head * p.group + tile * kCols;
   const int cols = min(kCols, p.group - tile * kCols);
+
+  // Launched as a programmatic dependent (decode_launch.cuh): everything the
+  // stream's earlier kernels wrote (q, lengths, tables, cache) is read after
+  // this wait.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   // Never read past the block-table row, whatever seq_lens says.
   const int32_t seq_len = min(max(p.seq_lens[seq], 0), p.max_blocks_per_seq * p.block_size);
@@ -294,18 +310,35 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   const int spp_shift = 31 - __clz(steps_per_page);
   const int spp_mask = steps_per_page - 1;
   const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
+  const int32_t split_pos0 = pages.first * p.block_size;  // position of step 0
 
-  // Per-thread byte offsets inside a page (see the header for the patterns).
+  // Per-thread byte offsets from the start of a step's 16 tokens in a page
+  // (see the header for the patterns), computed once: per step only the
+  // page's 64-bit base changes.
   const int32_t row_stride = p.num_kv_heads * Cfg::kRowBytes;  // bytes between tokens of a page
-  const int32_t k_thread = g * row_stride + c * Cfg::kKVecBytes;
-  const int32_t v_thread = 2 * c * row_stride + g * Cfg::kVVecBytes;
-  const int64_t head_off = int64_t(kv_head) * Cfg::kRowBytes;
-  // NVFP4 scale section: (t*H + h)*D/16 bytes in.
-  const int32_t srow = p.num_kv_heads * (D / 16);
-  const int64_t scale_base = p.scale_offset + int64_t(kv_head) * (D / 16);
-  constexpr int kKScalesPerVec = Cfg::kKElemsPerVec / 16;
+  const int32_t head_off = kv_head * Cfg::kRowBytes;
   // V tokens of a thread: 2c + vtok(t), t = 0..3.
   auto vtok = [](int t) { return (t & 1) + 8 * (t >> 1); };
+  int32_t k_off[2], v_off[4];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) k_off[t] = head_off + (g + 8 * t) * row_stride + c * Cfg::kKVecBytes;
+#pragma unroll
+  for (int t = 0; t < 4; ++t) v_off[t] = head_off + (2 * c + vtok(t)) * row_stride + g * Cfg::kVVecBytes;
+  // NVFP4 scale section: byte (t*H + h)*D/16 + group of a page's section.
+  // K: the scale bytes of vector i*4 + c (kKScalesPerVec of them, adjacent);
+  // V: those of the thread's eighth row (vector g: group g*kVScalesPerVec,
+  // or g/2 where a group spans two eighth rows).
+  const int32_t srow = p.num_kv_heads * (D / 16);
+  constexpr int kKScalesPerVec = Cfg::kKElemsPerVec / 16;
+  int32_t ks_off[2], vs_off[4];
+  {
+    const int32_t scale_head = int32_t(p.scale_offset) + kv_head * (D / 16);
+    const int v_grp = Cfg::kVElemsPerVec >= 16 ? g * Cfg::kVScalesPerVec : g / 2;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) ks_off[t] = scale_head + (g + 8 * t) * srow + c * kKScalesPerVec;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) vs_off[t] = scale_head + (2 * c + vtok(t)) * srow + v_grp;
+  }
 
   // Warps take groups of U consecutive steps round-robin.
   constexpr int kStride = Cfg::kWarps * U;
@@ -330,10 +363,6 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       const bool live = st < total_steps && page_ok;
       if (u == 0) b.st0 = st0, b.live = 0;
       b.live |= uint32_t(live) << u;
-      const int tok0 = (st & spp_mask) * Cfg::kStepTokens;
-      const int64_t page_off = int64_t(live ? page : 0) * p.page_stride + tok0 * row_stride;
-      const uint8_t* kp = p.k_cache + page_off + head_off + k_thread;
-      const uint8_t* vp = p.v_cache + page_off + head_off + v_thread;
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -342,53 +371,39 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       for (int t = 0; t < 4; ++t)
 #pragma unroll
         for (int w = 0; w < Cfg::kVWords; ++w) b.vw[u][t][w] = 0;
-#pragma unroll
-      for (int t = 0; t < 2; ++t)
-#pragma unroll
-        for (int i = 0; i < Cfg::kKScaleBytes; ++i) b.ks[u][t][i] = 0;
-#pragma unroll
-      for (int t = 0; t < 4; ++t)
-#pragma unroll
-        for (int i = 0; i < Cfg::kVScaleBytes; ++i) b.vs[u][t][i] = 0;
+      b.ks[u][0] = b.ks[u][1] = 0;
+      b.vs[u][0] = b.vs[u][1] = b.vs[u][2] = b.vs[u][3] = 0;
       if (!live) continue;  // nothing to load; compute() masks the whole step
+      const int32_t tok0 = (st & spp_mask) * Cfg::kStepTokens;
+      const int64_t page_off = int64_t(page) * p.page_stride;
+      const uint8_t* kp = p.k_cache + page_off + tok0 * row_stride;
+      const uint8_t* vp = p.v_cache + page_off + tok0 * row_stride;
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
         for (int i = 0; i < Cfg::kKVecs; ++i)
-          load_vec<Cfg::kKVecBytes>(kp + 8 * t * row_stride + i * 4 * Cfg::kKVecBytes,
-                                    &b.kw[u][t][i * Cfg::kKVecBytes / 4]);
+          load_vec<Cfg::kKVecBytes>(kp + k_off[t] + i * 4 * Cfg::kKVecBytes, &b.kw[u][t][i * Cfg::kKVecBytes / 4]);
 #pragma unroll
       for (int t = 0; t < 4; ++t)
 #pragma unroll
         for (int i = 0; i < Cfg::kVVecs; ++i)
-          load_vec<Cfg::kVVecBytes>(vp + vtok(t) * row_stride + i * 8 * Cfg::kVVecBytes,
-                                    &b.vw[u][t][i * Cfg::kVVecBytes / 4]);
+          load_vec<Cfg::kVVecBytes>(vp + v_off[t] + i * 8 * Cfg::kVVecBytes, &b.vw[u][t][i * Cfg::kVVecBytes / 4]);
       if constexpr (Fmt::kScaled) {
-        const int64_t spage = int64_t(page) * p.page_stride + scale_base + tok0 * srow;
-        const uint8_t* ksp = p.k_cache + spage + g * srow + c * kKScalesPerVec;
-        const uint8_t* vsp = p.v_cache + spage + 2 * c * srow;
+        const uint8_t* ksp = p.k_cache + page_off + tok0 * srow;
+        const uint8_t* vsp = p.v_cache + page_off + tok0 * srow;
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
           for (int i = 0; i < Cfg::kKVecs; ++i)
+            b.ks[u][t] |= load_bytes<kKScalesPerVec>(ksp + ks_off[t] + i * 4 * kKScalesPerVec)
+                          << (8 * i * kKScalesPerVec);
 #pragma unroll
-            for (int j = 0; j < kKScalesPerVec; ++j)
-              b.ks[u][t][i * kKScalesPerVec + j] = __ldg(ksp + 8 * t * srow + i * 4 * kKScalesPerVec + j);
-#pragma unroll
-        for (int t = 0; t < 4; ++t)
-#pragma unroll
-          for (int i = 0; i < Cfg::kVVecs; ++i)
-#pragma unroll
-            for (int j = 0; j < Cfg::kVScalesPerVec; ++j) {
-              const int grp = Cfg::kVElemsPerVec >= 16 ? (i * 8 + g) * Cfg::kVScalesPerVec + j : (i * 8 + g) / 2;
-              b.vs[u][t][i * Cfg::kVScalesPerVec + j] = __ldg(vsp + vtok(t) * srow + grp);
-            }
+        for (int t = 0; t < 4; ++t) b.vs[u][t] = load_bytes<Cfg::kVScaleBytes>(vsp + vs_off[t]);
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) pf[u] = page_of(st0 + kStride + u);
   };
-
   // Attention over the steps held in `b`: QK, online softmax, PV.
   auto compute = [&](StepBuffers<Cfg>& b) {
 #pragma unroll
@@ -397,14 +412,22 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       // in two independent MMA chains (even / odd k-steps) where registers
       // allow: a chain of dependent MMAs pays the full MMA latency per link.
       float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      // K group scales as f16x2 pairs: ksc[t][j] = groups (2j, 2j+1) of the
+      // thread's scale bytes of token g + 8t; k-step kk takes group kk/4.
+      uint32_t ksc[2][2] = {};
+      if constexpr (Fmt::kScaled) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int j = 0; 2 * j < Cfg::kKScaleBytes; ++j) ksc[t][j] = Nvfp4Format::scale_pair(b.ks[u][t] >> (16 * j));
+      }
 #pragma unroll
       for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
         uint32_t a[4];
         uint32_t ks0 = 0, ks1 = 0;
         if constexpr (Fmt::kScaled) {
-          const uint32_t s0 = b.ks[u][0][kk / 4], s1 = b.ks[u][1][kk / 4];
-          ks0 = Nvfp4Format::scale_pair(s0 | (s0 << 8));
-          ks1 = Nvfp4Format::scale_pair(s1 | (s1 << 8));
+          ks0 = f16x2_broadcast(ksc[0][kk / 8], (kk / 4) % 2);
+          ks1 = f16x2_broadcast(ksc[1][kk / 8], (kk / 4) % 2);
         }
         Fmt::k_pair(b.kw[u][0], kk, ks0, a[0], a[2]);
         Fmt::k_pair(b.kw[u][1], kk, ks1, a[1], a[3]);
@@ -417,8 +440,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       // and skip the V masking below.
       const int st = b.st0 + u;
       const bool live = (b.live >> u) & 1u;
-      const int32_t pos0 =
-          (pages.first + (st >> spp_shift)) * p.block_size + (st & spp_mask) * Cfg::kStepTokens;
+      const int32_t pos0 = split_pos0 + st * Cfg::kStepTokens;  // pages hold whole steps
       const bool full = live && pos0 >= first_pos && pos0 + Cfg::kStepTokens <= seq_len;
       const bool ok_lo = live && pos0 + g >= first_pos && pos0 + g < seq_len;
       const bool ok_hi = live && pos0 + g + 8 >= first_pos && pos0 + g + 8 < seq_len;
@@ -469,10 +491,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
           const bool ok = live && pos >= first_pos && pos < seq_len;
 #pragma unroll
           for (int w = 0; w < Cfg::kVWords; ++w) b.vw[u][t][w] = ok ? b.vw[u][t][w] : 0u;
-          if constexpr (Fmt::kScaled) {
-#pragma unroll
-            for (int i = 0; i < Cfg::kVScaleBytes; ++i) b.vs[u][t][i] = ok ? b.vs[u][t][i] : uint8_t(0);
-          }
+          if constexpr (Fmt::kScaled) b.vs[u][t] = ok ? b.vs[u][t] : 0u;
         }
       }
       // Two tiles at a time: elements 2m .. 2m+3 of the V eighth rows (one
@@ -481,11 +500,10 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       for (int m = 0; m < Cfg::kDTiles; m += 2) {
         uint32_t vs01 = 0, vs89 = 0;
         if constexpr (Fmt::kScaled) {
-          constexpr int kEV = Cfg::kVElemsPerVec;
-          const int e = 2 * m;
-          const int i = (e / kEV) * Cfg::kVScalesPerVec + (kEV >= 16 ? (e % kEV) / 16 : 0);
-          vs01 = Nvfp4Format::scale_pair(uint32_t(b.vs[u][0][i]) | (uint32_t(b.vs[u][1][i]) << 8));
-          vs89 = Nvfp4Format::scale_pair(uint32_t(b.vs[u][2][i]) | (uint32_t(b.vs[u][3][i]) << 8));
+          // Byte i of each token's scale bytes: the group of elements 2m..2m+3.
+          const uint32_t i = Cfg::kVElemsPerVec >= 16 ? (2 * m) / 16 : 0;
+          vs01 = Nvfp4Format::scale_pair(byte_perm(b.vs[u][0], b.vs[u][1], i | (i + 4) << 4));
+          vs89 = Nvfp4Format::scale_pair(byte_perm(b.vs[u][2], b.vs[u][3], i | (i + 4) << 4));
         }
         uint32_t lo[4], hi[4];  // (tokens 2c, 2c+1) and (2c+8, 2c+9): tiles m, m+1
         Fmt::v_quad(b.vw[u][0], b.vw[u][1], 2 * m, vs01, lo);

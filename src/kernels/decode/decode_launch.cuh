@@ -18,9 +18,20 @@ void launch_decode_variant(const DecodeParams& p, int64_t num_ctas, cudaStream_t
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
   }();
   if (!smem_ok) detail::cuda_check(cudaGetLastError(), "cudaFuncSetAttribute(paged_decode_kernel)");
-  const dim3 grid(unsigned(num_ctas), unsigned(p.num_splits));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  detail::check_launch("paged_decode_kernel");
+  // Programmatic dependent launch: the grid may be scheduled while the
+  // previous kernel of the stream finishes (its launch latency hidden); the
+  // kernel reads nothing the stream wrote before griddepcontrol.wait.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(num_ctas), unsigned(p.num_splits));
+  cfg.blockDim = dim3(Cfg::kThreads);
+  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  detail::cuda_check(cudaLaunchKernelEx(&cfg, kernel, p), "paged_decode_kernel");
 }
 
 // The TMA kernel for the unscaled formats (DecodeConfig says why not NVFP4).

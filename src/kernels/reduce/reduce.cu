@@ -31,6 +31,9 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   // Launched as a programmatic dependent of the split pass: wait until its
   // records are complete and visible.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The next kernel (a decode, launched as a programmatic dependent) may be
+  // scheduled now; it waits for this grid's writes before reading anything.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int64_t row = blockIdx.x;  // seq * num_q_heads + head
   const int D = p.head_dim;
   const int S = p.num_splits;
