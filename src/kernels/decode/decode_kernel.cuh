@@ -319,11 +319,15 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   const int32_t head_off = kv_head * Cfg::kRowBytes;
   // V tokens of a thread: 2c + vtok(t), t = 0..3.
   auto vtok = [](int t) { return (t & 1) + 8 * (t >> 1); };
+  // NVFP4 (instruction-bound) holds them in registers; the wider formats'
+  // register path (their fallback) has no registers to spare and recomputes.
+  auto k_offset = [=](int t) { return head_off + (g + 8 * t) * row_stride + c * Cfg::kKVecBytes; };
+  auto v_offset = [=](int t) { return head_off + (2 * c + vtok(t)) * row_stride + g * Cfg::kVVecBytes; };
   int32_t k_off[2], v_off[4];
 #pragma unroll
-  for (int t = 0; t < 2; ++t) k_off[t] = head_off + (g + 8 * t) * row_stride + c * Cfg::kKVecBytes;
+  for (int t = 0; t < 2; ++t) k_off[t] = k_offset(t);
 #pragma unroll
-  for (int t = 0; t < 4; ++t) v_off[t] = head_off + (2 * c + vtok(t)) * row_stride + g * Cfg::kVVecBytes;
+  for (int t = 0; t < 4; ++t) v_off[t] = v_offset(t);
   // NVFP4 scale section: byte (t*H + h)*D/16 + group of a page's section.
   // K: the scale bytes of vector i*4 + c (kKScalesPerVec of them, adjacent);
   // V: those of the thread's eighth row (vector g: group g*kVScalesPerVec,
@@ -342,22 +346,41 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
 
   // Warps take groups of U consecutive steps round-robin.
   constexpr int kStride = Cfg::kWarps * U;
-  // Page ids are read one load call ahead (pf[u] holds the page of step
-  // st0 + u of the next call), so the K/V loads of a step never wait on the
-  // block-table read that locates them (that read had put a second memory
-  // latency on every step group's critical path: v6 in bench/RESULTS.md).
+  // Page ids of the warp's steps come from a window held in its lanes (lane
+  // j: step j % U of group win_base + j / U), 32 steps per block-table read,
+  // the next window read while this one is used. So the K/V loads of a step
+  // never wait on the read that locates them (a dependent read per step had
+  // put a second memory latency on every step group's critical path, v6 in
+  // bench/RESULTS.md), and a CTA's first stages are issued after one read
+  // instead of one per stage.
+  static_assert(32 % U == 0, "a window holds whole groups");
+  constexpr int kWinGroups = 32 / U;
   auto page_of = [&](int st) { return st < total_steps ? __ldg(table + pages.first + (st >> spp_shift)) : 0; };
-  int32_t pf[U];
+  auto window = [&](int k0) { return page_of(warp * U + kStride * (k0 + lane / U) + lane % U); };
+  int32_t win = window(0), win_next = window(kWinGroups);
+  int win_base = 0;
+  // Page ids of the steps of the warp's group k (k grows by one per call).
+  auto group_pages = [&](int k, int32_t (&page)[U]) {
+    if (k - win_base == kWinGroups) {
+      win = win_next;
+      win_base = k;
+      win_next = window(k + kWinGroups);
+    }
 #pragma unroll
-  for (int u = 0; u < U; ++u) pf[u] = page_of(warp * U + u);
+    for (int u = 0; u < U; ++u) page[u] = __shfl_sync(0xffffffffu, win, (k - win_base) * U + u);
+  };
 
-  // Issues the loads of steps st0 .. st0+U-1 of this warp into `b` (steps
-  // past the split or on a corrupt page load nothing and stay zero).
-  auto load = [&](StepBuffers<Cfg>& b, int st0) {
+  // Issues the loads of the warp's step group k (steps st0 .. st0+U-1) into
+  // `b` (steps past the split or on a corrupt page load nothing and stay
+  // zero).
+  auto load = [&](StepBuffers<Cfg>& b, int k) {
+    const int st0 = warp * U + kStride * k;
+    int32_t pg[U];
+    group_pages(k, pg);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int st = st0 + u;
-      const int32_t page = pf[u];
+      const int32_t page = pg[u];
       const bool page_ok = page >= 0 && page < p.num_blocks;
       bad_page |= !page_ok;  // corrupt table: never dereference, poison the output
       const bool live = st < total_steps && page_ok;
@@ -382,12 +405,14 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       for (int t = 0; t < 2; ++t)
 #pragma unroll
         for (int i = 0; i < Cfg::kKVecs; ++i)
-          load_vec<Cfg::kKVecBytes>(kp + k_off[t] + i * 4 * Cfg::kKVecBytes, &b.kw[u][t][i * Cfg::kKVecBytes / 4]);
+          load_vec<Cfg::kKVecBytes>(kp + (Fmt::kScaled ? k_off[t] : k_offset(t)) + i * 4 * Cfg::kKVecBytes,
+                                    &b.kw[u][t][i * Cfg::kKVecBytes / 4]);
 #pragma unroll
       for (int t = 0; t < 4; ++t)
 #pragma unroll
         for (int i = 0; i < Cfg::kVVecs; ++i)
-          load_vec<Cfg::kVVecBytes>(vp + v_off[t] + i * 8 * Cfg::kVVecBytes, &b.vw[u][t][i * Cfg::kVVecBytes / 4]);
+          load_vec<Cfg::kVVecBytes>(vp + (Fmt::kScaled ? v_off[t] : v_offset(t)) + i * 8 * Cfg::kVVecBytes,
+                                    &b.vw[u][t][i * Cfg::kVVecBytes / 4]);
       if constexpr (Fmt::kScaled) {
         const uint8_t* ksp = p.k_cache + page_off + tok0 * srow;
         const uint8_t* vsp = p.v_cache + page_off + tok0 * srow;
@@ -401,8 +426,6 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
         for (int t = 0; t < 4; ++t) b.vs[u][t] = load_bytes<Cfg::kVScaleBytes>(vsp + vs_off[t]);
       }
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) pf[u] = page_of(st0 + kStride + u);
   };
   // Attention over the steps held in `b`: QK, online softmax, PV.
   auto compute = [&](StepBuffers<Cfg>& b) {
@@ -534,7 +557,6 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
     }
     __syncwarp();
 
-    // pf (above) holds the page ids of the next stage's steps.
     uint32_t live_bits = 0;  // bit s*U + u: step u of stage s is attended and on a valid page
     // Stage s <- steps st0 .. st0+U-1 of group k of this warp (steps past
     // the split copy nothing).
@@ -548,10 +570,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       const uint32_t bar = bar0 + 8 * s, dst = smem_addr(tiles) + s * Cfg::kStageBytes;
       uint32_t live = 0;
       int32_t page[U];
+      group_pages(k, page);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        page[u] = pf[u];
-        pf[u] = page_of(st0 + kStride + u);
         const bool page_ok = page[u] >= 0 && page[u] < p.num_blocks;
         bad_page |= !page_ok;  // corrupt table: never dereference, poison the output
         live |= uint32_t(st0 + u < total_steps && page_ok) << u;
@@ -628,20 +649,20 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
     // memory).
     constexpr int S = Cfg::kStages;
     StepBuffers<Cfg> buf[S];
-    int st0 = warp * U;
 #pragma unroll
-    for (int k = 0; k + 1 < S; ++k) load(buf[k], st0 + k * kStride);
-    bool more = st0 < total_steps;
+    for (int k = 0; k + 1 < S; ++k) load(buf[k], k);
+    int k0 = 0;  // group held by buf[0]
+    bool more = warp * U < total_steps;
     while (more) {
 #pragma unroll
       for (int k = 0; k < S; ++k) {
         if (more) {
-          load(buf[(k + S - 1) % S], st0 + (S - 1) * kStride);
+          load(buf[(k + S - 1) % S], k0 + k + S - 1);
           compute(buf[k]);
-          st0 += kStride;
-          more = st0 < total_steps;
+          more = warp * U + kStride * (k0 + k + 1) < total_steps;
         }
       }
+      k0 += S;
     }
   }
 
@@ -658,14 +679,21 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       m_true[j] = fmaxf(m_true[j], __shfl_xor_sync(0xffffffffu, m_true[j], x));
     }
   }
+  // The warps' O^T tiles go through shared memory as [warp][col][D], d
+  // XOR-swizzled per (col, 32-element block): t = c + 4 * (g's bits above
+  // those that select a bank) flips only bits inside a thread's vector, so
+  // both the fragment stores (lanes g, c) and the row reads below (32
+  // consecutive d) are free of bank conflicts (the plain layout put up to 8
+  // lanes of a store on one bank; with it the stores took 0.6 us per CTA).
   constexpr int kEV = Cfg::kVElemsPerVec;
+  auto o_index = [](int col, int d) { return col * D + (d ^ ((col >> 1) + 4 * ((d >> 5) & (kEV / 4 - 1)))); };
   float* my_o = obuf + warp * kCols * D;
 #pragma unroll
   for (int m = 0; m < Cfg::kDTiles; ++m) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int e = 2 * m + r / 2, col = 2 * c + r % 2;
-      my_o[col * D + ((e / kEV) * 8 + g) * kEV + e % kEV] = o[m][r];
+      my_o[o_index(col, ((e / kEV) * 8 + g) * kEV + e % kEV)] = o[m][r];
     }
   }
   if (g == 0) {
@@ -678,44 +706,52 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   }
   const bool bad = __syncthreads_or(bad_page);
 
-  if (threadIdx.x < kCols) {
-    const int col = threadIdx.x;
-    float M = kNegInf, MT = kNegInf;
-    for (int w = 0; w < Cfg::kWarps; ++w) {
-      M = fmaxf(M, m_buf[w * kCols + col]);
-      MT = fmaxf(MT, mt_buf[w * kCols + col]);
+  // Per-warp weights, one (warp, col) pair per lane of warp 0.
+  static_assert(Cfg::kWarps * kCols == 32, "one lane per (warp, col)");
+  if (warp == 0) {
+    const int w = lane / kCols, col = lane % kCols;
+    const float mw = m_buf[w * kCols + col];
+    float M = mw, MT = mt_buf[w * kCols + col];
+#pragma unroll
+    for (int x = kCols; x < 32; x *= 2) {
+      M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, x));
+      MT = fmaxf(MT, __shfl_xor_sync(0xffffffffu, MT, x));
     }
-    float L = 0.0f, wt[Cfg::kWarps];
-    for (int w = 0; w < Cfg::kWarps; ++w) {
-      const float mw = m_buf[w * kCols + col];
-      wt[w] = mw == kNegInf ? 0.0f : exp2f(mw - M);
-      L += l_buf[w * kCols + col] * wt[w];
+    const float wt = mw == kNegInf ? 0.0f : exp2f(mw - M);
+    float L = l_buf[w * kCols + col] * wt;
+#pragma unroll
+    for (int x = kCols; x < 32; x *= 2) L += __shfl_xor_sync(0xffffffffu, L, x);
+    w_buf[w * kCols + col] = L == 0.0f ? 0.0f : wt / L;  // L = 0: nothing attended, output 0
+    if (w == 0) {
+      col_m[col] = MT;
+      col_l[col] = L == 0.0f ? 0.0f : L * exp2f(M - MT);  // re-referenced to the exact max
     }
-    const float inv = L == 0.0f ? 0.0f : 1.0f / L;  // L = 0: nothing attended, output 0
-    for (int w = 0; w < Cfg::kWarps; ++w) w_buf[w * kCols + col] = wt[w] * inv;
-    col_m[col] = MT;
-    col_l[col] = L == 0.0f ? 0.0f : L * exp2f(M - MT);  // re-referenced to the exact max
   }
   __syncthreads();
 
   const float qnan = __int_as_float(0x7fc00000);
-  for (int idx = threadIdx.x; idx < cols * D; idx += Cfg::kThreads) {
-    const int col = idx / D, d = idx % D;
-    float v = 0.0f;
+  static_assert(kCols * D % Cfg::kThreads == 0, "whole passes over the tile's outputs");
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[(w * kCols + col) * D + d] * w_buf[w * kCols + col];
-    v = bad ? qnan : v * p.v_factor;
-    const int64_t qh = int64_t(head0 + col);
-    if (p.workspace == nullptr) {
-      p.out[(seq * p.num_q_heads + qh) * D + d] = codec::float_to_bf16(v);
-    } else {
-      float* rec = p.workspace + ((seq * p.num_q_heads + qh) * p.num_splits + split) * (D + 2);
-      rec[d] = v;
-      if (d == 0) {
-        constexpr float kLn2 = 0.69314718055994530942f;
-        const bool empty = col_l[col] == 0.0f;
-        rec[D] = bad ? qnan : (empty ? kNegInf : col_m[col] * kLn2);
-        rec[D + 1] = bad ? qnan : col_l[col];
+  for (int it = 0; it < kCols * D / Cfg::kThreads; ++it) {
+    const int idx = threadIdx.x + it * Cfg::kThreads;
+    const int col = idx / D, d = idx % D;
+    if (col < cols) {
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[w * kCols * D + o_index(col, d)] * w_buf[w * kCols + col];
+      v = bad ? qnan : v * p.v_factor;
+      const int64_t qh = int64_t(head0 + col);
+      if (p.workspace == nullptr) {
+        p.out[(seq * p.num_q_heads + qh) * D + d] = codec::float_to_bf16(v);
+      } else {
+        float* rec = p.workspace + ((seq * p.num_q_heads + qh) * p.num_splits + split) * (D + 2);
+        rec[d] = v;
+        if (d == 0) {
+          constexpr float kLn2 = 0.69314718055994530942f;
+          const bool empty = col_l[col] == 0.0f;
+          rec[D] = bad ? qnan : (empty ? kNegInf : col_m[col] * kLn2);
+          rec[D + 1] = bad ? qnan : col_l[col];
+        }
       }
     }
   }
