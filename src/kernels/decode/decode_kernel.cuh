@@ -731,7 +731,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
 
   const float qnan = __int_as_float(0x7fc00000);
   static_assert(kCols * D % Cfg::kThreads == 0, "whole passes over the tile's outputs");
-#pragma unroll
+  // Not unrolled: this code runs once per CTA, cold in the instruction cache
+  // (unrolled, the pass took 1.2 us per CTA instead of 0.8 at 1x1024).
+#pragma unroll 1
   for (int it = 0; it < kCols * D / Cfg::kThreads; ++it) {
     const int idx = threadIdx.x + it * Cfg::kThreads;
     const int col = idx / D, d = idx % D;
