@@ -109,9 +109,10 @@ struct DecodeConfig {
   // flight, so narrower formats load more steps at once: about the same
   // bytes per thread for every format, bounded by registers.
   static constexpr int kStepBytesPerThread = kRowBytes;  // two K quarter rows + four V eighth rows
-  // Budgets chosen so that no instantiation spills (ptxas -v); more steps
-  // in flight (nvfp4 384) or 3 CTAs per SM (168 registers, spills) were
-  // measured slower (bench/RESULTS.md, v5).
+  // Budgets chosen so that the kernels that run by default do not spill
+  // (ptxas -v; the bf16 head_dim-256 register path, a fallback, spills 8
+  // bytes); more steps in flight (nvfp4 384) or 3 CTAs per SM were measured
+  // slower (bench/RESULTS.md, v5 and v8).
   static constexpr int kInFlightBytes = Fmt::kBits == 4 ? 256 : 512;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/cuda_check.hpp"
+#include "kernels/common/dependent_launch.hpp"
 #include "kernels/decode/decode_kernel.cuh"
 
 namespace metrale::kernels {
@@ -18,20 +19,9 @@ void launch_decode_variant(const DecodeParams& p, int64_t num_ctas, cudaStream_t
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
   }();
   if (!smem_ok) detail::cuda_check(cudaGetLastError(), "cudaFuncSetAttribute(paged_decode_kernel)");
-  // Programmatic dependent launch: the grid may be scheduled while the
-  // previous kernel of the stream finishes (its launch latency hidden); the
-  // kernel reads nothing the stream wrote before griddepcontrol.wait.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(num_ctas), unsigned(p.num_splits));
-  cfg.blockDim = dim3(Cfg::kThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  detail::cuda_check(cudaLaunchKernelEx(&cfg, kernel, p), "paged_decode_kernel");
+  // The kernel reads nothing before its griddepcontrol.wait.
+  detail::launch_dependent(kernel, dim3(unsigned(num_ctas), unsigned(p.num_splits)), dim3(Cfg::kThreads),
+                           Cfg::kSmemBytes, stream, "paged_decode_kernel", p);
 }
 
 // The TMA kernel for the unscaled formats (DecodeConfig says why not NVFP4).

@@ -9,6 +9,7 @@
 
 #include "host/validate.hpp"
 #include "kernels/common/cuda_check.hpp"
+#include "kernels/common/dependent_launch.hpp"
 #include "metrale/cuda.hpp"
 
 namespace metrale::kernels {
@@ -108,16 +109,8 @@ void paged_decode_attn_reduce(const ReduceArgs& args, Stream stream) {
   const int64_t rows = int64_t(args.num_seqs) * args.num_q_heads;
   METRALE_CHECK_ARG(rows <= detail::kMaxGridX, "num_seqs", args.num_seqs, "num_seqs * num_q_heads <= 2^31-1");
   kernels::ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out};
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(rows));
-  cfg.blockDim = dim3(unsigned(args.head_dim / 2));
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  detail::cuda_check(cudaLaunchKernelEx(&cfg, kernels::splitk_reduce_kernel, p), "splitk_reduce_kernel");
+  detail::launch_dependent(kernels::splitk_reduce_kernel, dim3(unsigned(rows)), dim3(unsigned(args.head_dim / 2)), 0,
+                           stream, "splitk_reduce_kernel", p);
 }
 
 }  // namespace metrale::cuda
