@@ -24,7 +24,10 @@ struct RunResult {
 
 // Runs the decode on the device with `num_splits` (0 = single pass) and
 // returns the output; workspace and output live inside guard regions.
-RunResult run_gpu(const HostProblem& hp, DeviceProblem& dp, int32_t num_splits) {
+// `planned`: through run_decode with a plan of num_splits (2..8 splits merge
+// inside a cluster of the split CTAs), else the split pass and the reduce
+// as separate calls.
+RunResult run_gpu(const HostProblem& hp, DeviceProblem& dp, int32_t num_splits, bool planned = false) {
   dp.poison_out();
   DecodeArgs args = dp.args();
   bool ws_ok = true;
@@ -34,9 +37,13 @@ RunResult run_gpu(const HostProblem& hp, DeviceProblem& dp, int32_t num_splits) 
     const size_t bytes = splitk_workspace_bytes(hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, num_splits);
     DeviceBuffer<float> ws(bytes / sizeof(float));
     SplitKWorkspace w{ws.get(), bytes, num_splits};
-    cuda::paged_decode_attn_splitk(args, w);
-    ReduceArgs r{ws.get(), bytes, hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, num_splits, args.out};
-    cuda::paged_decode_attn_reduce(r);
+    if (planned) {
+      cuda::run_decode(DecodePlan{num_splits, bytes}, args, w);
+    } else {
+      cuda::paged_decode_attn_splitk(args, w);
+      ReduceArgs r{ws.get(), bytes, hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, num_splits, args.out};
+      cuda::paged_decode_attn_reduce(r);
+    }
     ws_ok = ws.guards_intact();
   }
   METRALE_CUDA_OK(cudaDeviceSynchronize());
@@ -103,9 +110,12 @@ TEST(GpuDecode, RandomizedMatrixSinglePassAndSplitK) {
       RegisterPathScope reg;
       expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass, register path");
       expect_matches(hp, ref, run_gpu(hp, dp, std::min(pages, kMaxSplits)), "split-K, register path");
+      expect_matches(hp, ref, run_gpu(hp, dp, int32_t(2 + rng() % 7), true), "cluster-merged split-K, register path");
     }
     for (int32_t ns : {1, 2, 3, pages, pages + 2, int32_t(1 + rng() % 40)})
       expect_matches(hp, ref, run_gpu(hp, dp, std::min(ns, kMaxSplits)), "split-K num_splits=" + std::to_string(ns));
+    for (int32_t ns : {2, 8, int32_t(2 + rng() % 7), int32_t(9 + rng() % 40)})
+      expect_matches(hp, ref, run_gpu(hp, dp, ns, true), "run_decode num_splits=" + std::to_string(ns));
     EXPECT_TRUE(dp.inputs_intact()) << "a kernel wrote into its inputs or their guards";
     if (HasFailure()) break;
   }
@@ -123,8 +133,11 @@ TEST(GpuDecode, EveryNumSplitsUpToMoreThanPages) {
     const HostProblem hp = make_problem(c, seed + int(f));
     const std::vector<double> ref = reference_decode(hp);
     DeviceProblem dp(hp);
-    for (int32_t ns = 1; ns <= max_pages(hp) + 3; ++ns)
+    for (int32_t ns = 1; ns <= max_pages(hp) + 3; ++ns) {
       expect_matches(hp, ref, run_gpu(hp, dp, ns), std::string(to_string(f)) + " num_splits=" + std::to_string(ns));
+      expect_matches(hp, ref, run_gpu(hp, dp, ns, true),
+                     std::string(to_string(f)) + " run_decode num_splits=" + std::to_string(ns));
+    }
   }
 }
 
@@ -198,9 +211,10 @@ TEST(GpuDecode, NanInCacheReachesTheOutput) {
     }
     const std::vector<double> ref = reference_decode(hp);
     DeviceProblem dp(hp);
-    for (int32_t ns : {0, 4}) {
-      const RunResult r = run_gpu(hp, dp, ns);
-      expect_matches(hp, ref, r, std::string(to_string(f)) + " NaN K, splits " + std::to_string(ns));
+    for (auto [ns, planned] : std::vector<std::pair<int32_t, bool>>{{0, false}, {4, false}, {4, true}}) {
+      const RunResult r = run_gpu(hp, dp, ns, planned);
+      expect_matches(hp, ref, r,
+                     std::string(to_string(f)) + " NaN K, splits " + std::to_string(ns) + (planned ? " run_decode" : ""));
       const int32_t D = c.head_dim, H = hp.num_q_heads();
       EXPECT_TRUE(std::isnan(codec::bf16_to_float(r.out[(1 * H + 0) * D])));       // attends: NaN
       EXPECT_FALSE(std::isnan(codec::bf16_to_float(r.out[(0 * H + 0) * D])));      // other sequence: clean
@@ -222,6 +236,7 @@ TEST(GpuDecode, CorruptBlockTableGivesNanNotAFault) {
   const std::vector<double> ref = reference_decode(hp);
   DeviceProblem dp(hp);
   for (int32_t ns : {0, 2}) expect_matches(hp, ref, run_gpu(hp, dp, ns), "corrupt table, splits " + std::to_string(ns));
+  expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "corrupt table, run_decode with 2 splits (cluster merge)");
 }
 
 TEST(GpuDecode, LaunchersRejectBadArgumentsBeforeLaunching) {

@@ -14,20 +14,29 @@ namespace metrale::detail {
 // that kernel's CTAs have run griddepcontrol.launch_dependents, or exited),
 // which hides the launch latency between the two. The kernel must read
 // nothing the earlier kernels wrote before its griddepcontrol.wait.
-template <class... Params, class... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-                      const char* name, Args&&... args) {
+// `cluster_y` > 1: thread-block clusters of that many CTAs along y.
+struct DependentLaunch {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem_bytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name);
+  cudaLaunchAttribute attrs[2]{};
+  DependentLaunch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, unsigned cluster_y = 1) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.stream = stream;
+    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[0].val.programmaticStreamSerializationAllowed = 1;
+    attrs[1].id = cudaLaunchAttributeClusterDimension;
+    attrs[1].val.clusterDim.x = 1;
+    attrs[1].val.clusterDim.y = cluster_y;
+    attrs[1].val.clusterDim.z = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs = cluster_y > 1 ? 2 : 1;
+  }
+};
+
+template <class... Params, class... Args>
+void launch_dependent(const DependentLaunch& l, void (*kernel)(Params...), const char* name, Args&&... args) {
+  cuda_check(cudaLaunchKernelEx(&l.cfg, kernel, std::forward<Args>(args)...), name);
 }
 
 }  // namespace metrale::detail

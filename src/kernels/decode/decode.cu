@@ -47,6 +47,7 @@ DecodeParams make_params(const DecodeArgs& a) {
   p.qk_log2_scale = a.sm_scale * kLog2e * k_factor;
   p.v_factor = v_factor;
   p.num_splits = 1;
+  p.cluster_merge = 0;
   p.out = a.out;
   // bf16 and fp8 take the TMA kernel wherever the driver encodes the maps
   // (any valid layout: 16-byte aligned bases and page strides);
@@ -65,7 +66,8 @@ int64_t num_ctas(const DecodeParams& p, int32_t num_seqs) {
   return n;
 }
 
-void launch(const DecodeParams& p, KvFormat format, int head_dim, int64_t ctas, Stream stream) {
+// Whether the output is complete (single pass, or split-K merged in-kernel).
+bool launch(const DecodeParams& p, KvFormat format, int head_dim, int64_t ctas, Stream stream) {
   switch (format) {
     case KvFormat::bf16: return kernels::launch_decode_bf16(p, head_dim, ctas, stream);
     case KvFormat::fp8_e4m3: return kernels::launch_decode_fp8(p, head_dim, ctas, stream);
@@ -102,7 +104,19 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWork
   if (plan.num_splits == 1) return paged_decode_attn(args, stream);
   SplitKWorkspace w = ws;
   w.num_splits = plan.num_splits;
-  paged_decode_attn_splitk(args, w, stream);
+  if (plan.num_splits <= kernels::kMaxClusterSplits) {
+    // The splits of a (sequence, head) as one cluster, merged in-kernel; the
+    // workspace is only written where such clusters do not fit the GPU.
+    detail::validate_workspace(args, w);
+    if (args.num_seqs == 0) return;
+    DecodeParams p = make_params(args);
+    p.num_splits = w.num_splits;
+    p.workspace = w.data;
+    p.cluster_merge = 1;
+    if (launch(p, args.cache.layout.format, args.cache.layout.head_dim, num_ctas(p, args.num_seqs), stream)) return;
+  } else {
+    paged_decode_attn_splitk(args, w, stream);
+  }
   paged_decode_attn_reduce(reduce_args_for(args, w), stream);
 }
 

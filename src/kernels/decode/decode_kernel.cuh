@@ -41,6 +41,7 @@
 // max is tracked per thread and reduced once, for the split-K record.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -109,10 +110,10 @@ struct DecodeConfig {
   // flight, so narrower formats load more steps at once: about the same
   // bytes per thread for every format, bounded by registers.
   static constexpr int kStepBytesPerThread = kRowBytes;  // two K quarter rows + four V eighth rows
-  // Budgets chosen so that the kernels that run by default do not spill
-  // (ptxas -v; the bf16 head_dim-256 register path, a fallback, spills 8
-  // bytes); more steps in flight (nvfp4 384) or 3 CTAs per SM were measured
-  // slower (bench/RESULTS.md, v5 and v8).
+  // Budgets chosen so that no instantiation spills (ptxas -v; the bf16
+  // head_dim-256 register path is at the edge: small changes elsewhere in
+  // the kernel have spilled 8-20 bytes there); more steps in flight (nvfp4
+  // 384) or 3 CTAs per SM were measured slower (bench/RESULTS.md, v5, v8).
   static constexpr int kInFlightBytes = Fmt::kBits == 4 ? 256 : 512;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
@@ -160,7 +161,9 @@ struct DecodeConfig {
   }
 
   // Shared memory: the ring, then the warps' outputs for the merge (which
-  // alias the ring: it is dead by then), softmax stats, the ring's barriers.
+  // alias the ring: it is dead by then), softmax stats, the ring's barriers,
+  // the CTA's split-K record (kCols records of D + 2 floats) for a cluster
+  // merge.
   static constexpr int kOBufBytes = kWarps * kCols * D * 4;
   // The swizzle XORs bits of the absolute shared address, so the ring starts
   // at the first 1024-byte boundary of the CTA's dynamic shared memory
@@ -171,7 +174,8 @@ struct DecodeConfig {
   static constexpr int kStatOffset = kOBufBytes > kRingBytes ? kOBufBytes : kRingBytes;
   static constexpr int kStatBytes = kWarps * kCols * 3 * 4 + kCols * 4 * (kWarps + 2);
   static constexpr int kBarOffset = (kStatOffset + kStatBytes + 7) / 8 * 8;
-  static constexpr int kSmemBytes = kBarOffset + (kTma ? kWarps * kRingStages * 8 : 0);
+  static constexpr int kRecOffset = (kBarOffset + (kTma ? kWarps * kRingStages * 8 : 0) + 15) / 16 * 16;
+  static constexpr int kSmemBytes = kRecOffset + kCols * (D + 2) * 4;
 
   static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory of one CTA on sm_90");
   static_assert(!kTma || kStageBytes % 1024 == 0, "stages keep the swizzle atoms 1024-byte aligned");
@@ -233,6 +237,49 @@ __device__ __forceinline__ uint32_t load_bytes(const uint8_t* ptr) {
   static_assert(Bytes == 1 || Bytes == 2, "scale run width");
   if constexpr (Bytes == 2) return __ldg(reinterpret_cast<const uint16_t*>(ptr));
   return __ldg(ptr);
+}
+
+// Split-K merged inside a cluster: the num_splits CTAs of a (sequence, kv
+// head, q-head tile) are one thread-block cluster, each holding its split's
+// records in shared memory (`recs`: [col][D + 2], the workspace layout of
+// SYSTEM.md 4). After a cluster barrier, CTA `rank` merges every num_splits-th
+// slice of the tile's outputs by the reduce's rule (reduce.cu), reading the
+// other CTAs' records through distributed shared memory, and writes them to
+// `out`; a second barrier keeps every CTA's records alive until all reads are
+// done. Replaces the workspace round trip and the reduce launch.
+template <int D>
+__device__ void cluster_merge_records(const DecodeParams& p, const float* recs, int64_t seq, int head0, int cols) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int S = p.num_splits, rank = int(cluster.block_rank());
+  const float ninf = -__int_as_float(0x7f800000);
+  for (int idx = rank * int(blockDim.x) + threadIdx.x; idx < cols * D; idx += S * int(blockDim.x)) {
+    const int col = idx / D, d = idx % D;
+    float M = ninf;
+    bool nan = false;
+    for (int s = 0; s < S; ++s) {
+      const float* r = cluster.map_shared_rank(recs, s) + col * (D + 2);
+      const float m = r[D], l = r[D + 1];
+      nan |= (m != m) || (l != l);
+      M = fmaxf(M, m);
+    }
+    float a = 0.0f, L = 0.0f;
+    if (!nan && M != ninf) {
+      for (int s = 0; s < S; ++s) {
+        const float* r = cluster.map_shared_rank(recs, s) + col * (D + 2);
+        if (r[D] == ninf) continue;  // empty split
+        const float w = r[D + 1] * expf(r[D] - M);
+        a += w * r[d];
+        L += w;
+      }
+      a /= L;
+    } else if (nan) {
+      a = __int_as_float(0x7fc00000);
+    }
+    p.out[(seq * p.num_q_heads + head0 + col) * D + d] = codec::float_to_bf16(a);
+  }
+  cluster.sync();
 }
 
 template <class Fmt, int D, bool kTma>
@@ -731,6 +778,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   __syncthreads();
 
   const float qnan = __int_as_float(0x7fc00000);
+  float* const my_rec = reinterpret_cast<float*>(smem_bytes + Cfg::kRecOffset);  // [col][D + 2]
   static_assert(kCols * D % Cfg::kThreads == 0, "whole passes over the tile's outputs");
   // Not unrolled: this code runs once per CTA, cold in the instruction cache
   // (unrolled, the pass took 1.2 us per CTA instead of 0.8 at 1x1024).
@@ -744,10 +792,11 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[w * kCols * D + o_index(col, d)] * w_buf[w * kCols + col];
       v = bad ? qnan : v * p.v_factor;
       const int64_t qh = int64_t(head0 + col);
-      if (p.workspace == nullptr) {
+      if (p.workspace == nullptr && !p.cluster_merge) {
         p.out[(seq * p.num_q_heads + qh) * D + d] = codec::float_to_bf16(v);
       } else {
-        float* rec = p.workspace + ((seq * p.num_q_heads + qh) * p.num_splits + split) * (D + 2);
+        float* rec = p.cluster_merge ? my_rec + col * (D + 2)
+                                     : p.workspace + ((seq * p.num_q_heads + qh) * p.num_splits + split) * (D + 2);
         rec[d] = v;
         if (d == 0) {
           constexpr float kLn2 = 0.69314718055994530942f;
@@ -758,6 +807,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       }
     }
   }
+  if (p.cluster_merge) cluster_merge_records<D>(p, my_rec, seq, head0, cols);
 }
 
 }  // namespace metrale::kernels

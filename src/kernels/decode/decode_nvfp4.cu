@@ -3,8 +3,8 @@
 
 namespace metrale::kernels {
 
-void launch_decode_nvfp4(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream) {
-  launch_decode_format<Nvfp4Format>(p, head_dim, num_ctas, stream);
+bool launch_decode_nvfp4(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream) {
+  return launch_decode_format<Nvfp4Format>(p, head_dim, num_ctas, stream);
 }
 
 }  // namespace metrale::kernels

@@ -109,8 +109,8 @@ void paged_decode_attn_reduce(const ReduceArgs& args, Stream stream) {
   const int64_t rows = int64_t(args.num_seqs) * args.num_q_heads;
   METRALE_CHECK_ARG(rows <= detail::kMaxGridX, "num_seqs", args.num_seqs, "num_seqs * num_q_heads <= 2^31-1");
   kernels::ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out};
-  detail::launch_dependent(kernels::splitk_reduce_kernel, dim3(unsigned(rows)), dim3(unsigned(args.head_dim / 2)), 0,
-                           stream, "splitk_reduce_kernel", p);
+  detail::launch_dependent(detail::DependentLaunch(dim3(unsigned(rows)), dim3(unsigned(args.head_dim / 2)), 0, stream),
+                           kernels::splitk_reduce_kernel, "splitk_reduce_kernel", p);
 }
 
 }  // namespace metrale::cuda
