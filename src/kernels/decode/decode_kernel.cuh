@@ -11,6 +11,9 @@
 // (kTma), NVFP4 into further register stages. Each warp keeps its own
 // online-softmax state and output accumulator in registers, with no barrier
 // in the main loop, and the warps merge through shared memory at the end.
+// A split-K CTA writes its split's record to the workspace, or, launched as
+// a cluster of the splits (cluster_merge_records), merges the records of
+// its cluster straight into the output.
 //
 // Tokens sit on the MMA's M (as in TensorRT-LLM's XQA), so one m16n8k16
 // covers 16 tokens and the dequantized cache values are A operands straight

@@ -38,9 +38,9 @@ bool launch_decode_variant(DecodeParams p, int64_t num_ctas, cudaStream_t stream
     if (fits[n].load() == 0) {
       int clusters = 0;
       const detail::DependentLaunch probe(dim3(unsigned(n), unsigned(n)), block, Cfg::kSmemBytes, stream, unsigned(n));
-      const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.cfg) == cudaSuccess && clusters > 0;
-      cudaGetLastError();  // an unsupported query is an answer (no), not an error
-      fits[n].store(ok ? 1 : 2);
+      bool ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.cfg) == cudaSuccess;
+      if (!ok) cudaGetLastError();  // an unsupported query is an answer (no), not an error
+      fits[n].store(ok && clusters > 0 ? 1 : 2);
     }
     p.cluster_merge = fits[n].load() == 1;
   }
