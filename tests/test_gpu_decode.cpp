@@ -258,6 +258,18 @@ TEST(GpuDecode, LaunchersRejectBadArgumentsBeforeLaunching) {
   EXPECT_THROW(cuda::paged_decode_attn_splitk(a, SplitKWorkspace{nullptr, 0, kMaxSplits + 1}), InvalidArgument);
   ReduceArgs r{nullptr, 0, 1, hp.num_q_heads(), 96, 2, out.data()};
   EXPECT_THROW(cuda::paged_decode_attn_reduce(r), Unsupported);
+  // A valid layout the kernels cannot address: byte offsets inside a page are 32-bit.
+  c.format = KvFormat::nvfp4;
+  const HostProblem hp4 = make_problem(c, 1);
+  a = hp4.args(out.data());
+  a.cache.layout.data_section_bytes = int64_t(1) << 30;
+  a.cache.layout.page_stride_bytes = (int64_t(1) << 30) + (int64_t(1) << 20);
+  try {
+    cuda::paged_decode_attn(a);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("data_section_bytes"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

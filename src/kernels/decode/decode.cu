@@ -18,6 +18,10 @@ using kernels::DecodeParams;
 
 DecodeParams make_params(const DecodeArgs& a) {
   const KvCacheLayout& L = a.cache.layout;
+  // The kernel addresses bytes inside a page with 32-bit offsets (the NVFP4
+  // scale section starts data_section_bytes in, which the layout leaves open).
+  METRALE_CHECK_ARG(L.data_section_bytes < (int64_t(1) << 30), "layout.data_section_bytes", L.data_section_bytes,
+                    "< 2^30 on the CUDA backend (32-bit offsets inside a page)");
   DecodeParams p{};
   p.q = a.q;
   p.q_stride = a.q_stride;
