@@ -284,16 +284,7 @@ TEST(ContextParallelCpu, NanInEdgePage) {
       c.seq_lens = {50, 50};
       c.sliding_window = 27;
       HostProblem hp = make_problem(c, seed + int(f));
-      const int32_t page = hp.block_tables[size_t(1) * hp.max_blocks_per_seq + pos / c.block_size];
-      const int64_t row = int64_t(pos % c.block_size) * c.num_kv_heads;  // kv head 0
-      uint8_t* base = hp.k_cache.data() + int64_t(page) * hp.layout.page_stride_bytes;
-      if (f == KvFormat::bf16) {
-        for (int d = 0; d < c.head_dim; ++d) reinterpret_cast<uint16_t*>(base)[row * c.head_dim + d] = 0x7fc0;
-      } else if (f == KvFormat::fp8_e4m3) {
-        for (int d = 0; d < c.head_dim; ++d) base[row * c.head_dim + d] = 0x7f;
-      } else {
-        for (int g = 0; g < c.head_dim / 16; ++g) base[hp.layout.data_section_bytes + row * (c.head_dim / 16) + g] = 0x7f;
-      }
+      for (int d = 0; d < c.head_dim; ++d) poison_cache(hp, 'k', 1, pos, 0, d);  // kv head 0
       const std::vector<double> ref = reference_decode(hp);
       for (int32_t R : {1, 2, 3}) {
         const cp::ShardSpec spec{cp::Sharding::interleaved, R, 1};

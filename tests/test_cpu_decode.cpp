@@ -356,22 +356,6 @@ TEST(CpuDecode, RunDecodeWithPlannerPlan) {
 
 // ---- NaN propagation and bad page ids ----
 
-// Writes a NaN into the cache element (seq, pos, kv head, d) of K or V.
-void poison_cache(HostProblem& p, char which, int32_t seq, int32_t pos, int32_t h, int32_t d) {
-  const KvCacheLayout& l = p.layout;
-  const int64_t block = p.block_tables[size_t(seq) * p.max_blocks_per_seq + pos / l.block_size];
-  const int64_t row = int64_t(pos % l.block_size) * l.num_kv_heads + h;
-  uint8_t* page = (which == 'k' ? p.k_cache.data() : p.v_cache.data()) + block * l.page_stride_bytes;
-  switch (l.format) {
-    case KvFormat::bf16:
-      page[(row * l.head_dim + d) * 2] = 0xc0;
-      page[(row * l.head_dim + d) * 2 + 1] = 0x7f;
-      break;
-    case KvFormat::fp8_e4m3: page[row * l.head_dim + d] = codec::kE4M3NaN; break;
-    case KvFormat::nvfp4: page[l.data_section_bytes + row * (l.head_dim / 16) + d / 16] = codec::kE4M3NaN; break;
-  }
-}
-
 TEST(CpuDecode, NaNInCacheReachesExactlyTheSequencesAttendingToIt) {
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));

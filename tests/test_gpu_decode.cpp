@@ -197,18 +197,8 @@ TEST(GpuDecode, NanInCacheReachesTheOutput) {
     c.seq_lens = {50, 50, 64};
     c.sliding_window = 0;
     HostProblem hp = make_problem(c, seed);
-    // Poison K of sequence 1, position 20, kv head 0 (every byte of its row).
-    const int32_t page = hp.block_tables[1 * hp.max_blocks_per_seq + 20 / c.block_size];
-    const int64_t row = (int64_t(20 % c.block_size) * c.num_kv_heads + 0);
-    uint8_t* base = hp.k_cache.data() + int64_t(page) * hp.layout.page_stride_bytes;
-    if (f == KvFormat::bf16) {
-      for (int d = 0; d < c.head_dim; ++d) reinterpret_cast<uint16_t*>(base)[row * c.head_dim + d] = 0x7fc0;
-    } else if (f == KvFormat::fp8_e4m3) {
-      for (int d = 0; d < c.head_dim; ++d) base[row * c.head_dim + d] = 0x7f;
-    } else {
-      for (int gidx = 0; gidx < c.head_dim / 16; ++gidx)
-        base[hp.layout.data_section_bytes + row * (c.head_dim / 16) + gidx] = 0x7f;
-    }
+    // K of sequence 1, position 20, kv head 0: every element.
+    for (int d = 0; d < c.head_dim; ++d) poison_cache(hp, 'k', 1, 20, 0, d);
     const std::vector<double> ref = reference_decode(hp);
     DeviceProblem dp(hp);
     for (auto [ns, planned] : std::vector<std::pair<int32_t, bool>>{{0, false}, {4, false}, {4, true}}) {

@@ -97,6 +97,21 @@ CacheWriteArgs HostProblem::write_args() const {
                            const_cast<uint8_t*>(v_cache.data()));
 }
 
+void poison_cache(HostProblem& p, char which, int32_t seq, int32_t pos, int32_t h, int32_t d) {
+  const KvCacheLayout& l = p.layout;
+  const int64_t block = p.block_tables[size_t(seq) * p.max_blocks_per_seq + pos / l.block_size];
+  const int64_t row = int64_t(pos % l.block_size) * l.num_kv_heads + h;
+  uint8_t* page = (which == 'k' ? p.k_cache.data() : p.v_cache.data()) + block * l.page_stride_bytes;
+  switch (l.format) {
+    case KvFormat::bf16:
+      page[(row * l.head_dim + d) * 2] = 0xc0;
+      page[(row * l.head_dim + d) * 2 + 1] = 0x7f;
+      break;
+    case KvFormat::fp8_e4m3: page[row * l.head_dim + d] = codec::kE4M3NaN; break;
+    case KvFormat::nvfp4: page[l.data_section_bytes + row * (l.head_dim / 16) + d / 16] = codec::kE4M3NaN; break;
+  }
+}
+
 HostProblem make_problem(const DecodeCase& c, uint64_t seed) {
   if (c.q_stride_pad % 8 || c.kv_row_pad % 8 || c.page_pad_bytes % 16 || c.q_stride_pad < 0 || c.kv_row_pad < 0 ||
       c.page_pad_bytes < 0 || c.extra_blocks < 0 || c.group < 1)

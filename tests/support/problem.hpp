@@ -73,6 +73,11 @@ struct HostProblem {
 
 HostProblem make_problem(const DecodeCase& c, uint64_t seed);
 
+// Writes a NaN into the cache element (seq, pos, kv head h, d) of K
+// (`which` 'k') or V ('v'); for nvfp4 into the scale of d's group (E2M1
+// codes have no NaN).
+void poison_cache(HostProblem& p, char which, int32_t seq, int32_t pos, int32_t h, int32_t d);
+
 // One of `options`, drawn uniformly: the shape matrices of the randomized tests.
 template <class... V>
 int64_t pick(std::mt19937_64& rng, V... options) {

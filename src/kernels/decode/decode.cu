@@ -80,6 +80,20 @@ bool launch(const DecodeParams& p, KvFormat format, int head_dim, int64_t ctas, 
   detail::throw_unsupported("format", int(format), "bf16, fp8_e4m3, nvfp4");
 }
 
+// The split pass of validated `args` into the workspace `ws`, or, with
+// `cluster_merge`, merged in-kernel by clusters of the splits where they fit
+// the GPU. Returns whether the output is complete (no reduce needed).
+bool launch_split_pass(const DecodeArgs& args, const SplitKWorkspace& ws, bool cluster_merge, Stream stream) {
+  detail::validate_workspace(args, ws);
+  if (args.num_seqs == 0) return true;
+  DecodeParams p = make_params(args);
+  p.num_splits = ws.num_splits;
+  p.workspace = ws.data;
+  p.cluster_merge = cluster_merge;
+  if (!cluster_merge) p.out = nullptr;  // the split pass writes only the workspace
+  return launch(p, args.cache.layout.format, args.cache.layout.head_dim, num_ctas(p, args.num_seqs), stream);
+}
+
 }  // namespace
 
 void paged_decode_attn(const DecodeArgs& args, Stream stream) {
@@ -91,36 +105,20 @@ void paged_decode_attn(const DecodeArgs& args, Stream stream) {
 
 void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
   detail::validate_decode(args, /*writes_out=*/false);
-  detail::validate_workspace(args, ws);
-  if (args.num_seqs == 0) return;
-  DecodeParams p = make_params(args);
-  p.num_splits = ws.num_splits;
-  p.out = nullptr;
-  p.workspace = ws.data;
-  launch(p, args.cache.layout.format, args.cache.layout.head_dim, num_ctas(p, args.num_seqs), stream);
+  launch_split_pass(args, ws, /*cluster_merge=*/false, stream);
 }
 
 // As cpu::run_decode: the plan's num_splits is authoritative, ws supplies
-// the memory.
+// the memory. 2-8 splits merge inside a cluster of the split CTAs; the
+// workspace and the reduce serve more splits, or GPUs where such clusters
+// cannot be resident.
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
   detail::validate_plan(plan);
   detail::validate_decode(args);  // everything, `out` included, before any launch
   if (plan.num_splits == 1) return paged_decode_attn(args, stream);
   SplitKWorkspace w = ws;
   w.num_splits = plan.num_splits;
-  if (plan.num_splits <= kernels::kMaxClusterSplits) {
-    // The splits of a (sequence, head) as one cluster, merged in-kernel; the
-    // workspace is only written where such clusters do not fit the GPU.
-    detail::validate_workspace(args, w);
-    if (args.num_seqs == 0) return;
-    DecodeParams p = make_params(args);
-    p.num_splits = w.num_splits;
-    p.workspace = w.data;
-    p.cluster_merge = 1;
-    if (launch(p, args.cache.layout.format, args.cache.layout.head_dim, num_ctas(p, args.num_seqs), stream)) return;
-  } else {
-    paged_decode_attn_splitk(args, w, stream);
-  }
+  if (launch_split_pass(args, w, plan.num_splits <= kernels::kMaxClusterSplits, stream)) return;
   paged_decode_attn_reduce(reduce_args_for(args, w), stream);
 }
 

@@ -406,8 +406,11 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   // instead of one per stage.
   static_assert(32 % U == 0, "a window holds whole groups");
   constexpr int kWinGroups = 32 / U;
-  auto page_of = [&](int st) { return st < total_steps ? __ldg(table + pages.first + (st >> spp_shift)) : 0; };
-  auto window = [&](int k0) { return page_of(warp * U + kStride * (k0 + lane / U) + lane % U); };
+  // Lane j's page id in the window of groups k0 .. (0 past the split).
+  auto window = [&](int k0) {
+    const int st = warp * U + kStride * (k0 + lane / U) + lane % U;
+    return st < total_steps ? __ldg(table + pages.first + (st >> spp_shift)) : 0;
+  };
   int32_t win = window(0), win_next = window(kWinGroups);
   int win_base = 0;
   // Page ids of the steps of the warp's group k (k grows by one per call).
