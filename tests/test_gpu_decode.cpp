@@ -186,6 +186,47 @@ TEST(GpuDecode, TensOfThousandsOfSequences) {
   expect_matches(hp, reference_decode(hp), run_gpu(hp, dp, 3), "70000 sequences, 3 splits");
 }
 
+// Several waves of CTAs of every size side by side: ragged lengths (empty
+// and one-token sequences among long ones) in a batch of 90, GQA groups
+// that need one or two q-head tiles, each format and head_dim. A NaN and a
+// corrupt page id must stay in their own (sequence, kv head) outputs.
+// Single pass, workspace split-K and run_decode with the reduce.
+TEST(GpuDecode, ManyWavesOfRaggedItemsKeepNanAndCorruptPagesToThemselves) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    for (int32_t D : {64, 128, 256}) {
+      DecodeCase c;
+      c.format = f;
+      c.head_dim = D;
+      c.num_kv_heads = 8;
+      c.group = int32_t(pick(rng, 1, 4, 8, 12));
+      c.block_size = int32_t(pick(rng, 16, 32, 64));
+      c.seq_lens = interesting_lengths(c.block_size, 700, 90, rng());  // >= 720 CTAs
+      c.sliding_window = int32_t(pick(rng, 0, 0, 300));
+      SCOPED_TRACE(c.describe());
+      HostProblem hp = make_problem(c, rng());
+      // The last attended page of the first long sequence is corrupt; the
+      // last token of the next non-empty one has NaN in V (kv head 3).
+      int32_t bad_seq = 0, nan_seq;
+      while (hp.seq_lens[bad_seq] < 2 * c.block_size) ++bad_seq;
+      for (nan_seq = bad_seq + 1; hp.seq_lens[nan_seq] == 0;) ++nan_seq;
+      hp.block_tables[bad_seq * hp.max_blocks_per_seq + (hp.seq_lens[bad_seq] - 1) / c.block_size] =
+          int32_t(hp.layout.num_blocks) + 7;
+      for (int d = 0; d < D; ++d) poison_cache(hp, 'v', nan_seq, hp.seq_lens[nan_seq] - 1, 3, d);
+      const std::vector<double> ref = reference_decode(hp);
+      DeviceProblem dp(hp);
+      expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass");
+      expect_matches(hp, ref, run_gpu(hp, dp, 3), "split-K, 3 splits");
+      expect_matches(hp, ref, run_gpu(hp, dp, 12, true), "run_decode, 12 splits");
+      EXPECT_TRUE(dp.inputs_intact()) << "a kernel wrote into its inputs or their guards";
+      if (HasFailure()) return;
+    }
+  }
+}
+
 // A NaN in one K element reaches exactly the sequences that attend to it.
 TEST(GpuDecode, NanInCacheReachesTheOutput) {
   METRALE_SKIP_WITHOUT_GPU();
