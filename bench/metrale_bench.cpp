@@ -128,30 +128,40 @@ int main(int argc, char** argv) {
         return r;
       };
       if (op == "write") {
-        // Cache write of one new token per sequence x 64 steps' worth of tokens, rotating slots.
+        // Cache write of one new token per sequence x 64 steps' worth of
+        // tokens. The graph's calls rotate over kSets disjoint input sets and
+        // slot mappings, so (as in the decode rows) a call's bf16 rows come
+        // from HBM, not from L2 where the previous call left them.
+        constexpr int kCallsPerGraph = 10, kSets = kCallsPerGraph;
         const int64_t tokens = std::max<int64_t>(int64_t(s.num_seqs) * 64, 4096);
         const int32_t row_len = kvh * head_dim;
+        const size_t set_elems = size_t(tokens) * row_len;
         bf16 *key = nullptr, *value = nullptr;
         int64_t* slots = nullptr;
-        cuda_ok(cudaMalloc(&key, tokens * row_len * sizeof(bf16)), "cudaMalloc(key)");
-        cuda_ok(cudaMalloc(&value, tokens * row_len * sizeof(bf16)), "cudaMalloc(value)");
-        cuda_ok(cudaMemset(key, 0x3c, tokens * row_len * sizeof(bf16)), "memset");
-        cuda_ok(cudaMemset(value, 0x3b, tokens * row_len * sizeof(bf16)), "memset");
-        cuda_ok(cudaMalloc(&slots, tokens * sizeof(int64_t)), "cudaMalloc(slots)");
+        cuda_ok(cudaMalloc(&key, kSets * set_elems * sizeof(bf16)), "cudaMalloc(key)");
+        cuda_ok(cudaMalloc(&value, kSets * set_elems * sizeof(bf16)), "cudaMalloc(value)");
+        cuda_ok(cudaMemset(key, 0x3c, kSets * set_elems * sizeof(bf16)), "memset");
+        cuda_ok(cudaMemset(value, 0x3b, kSets * set_elems * sizeof(bf16)), "memset");
+        cuda_ok(cudaMalloc(&slots, kSets * tokens * sizeof(int64_t)), "cudaMalloc(slots)");
         const DecodeArgs a = w.args(0, out);
         const int64_t cap = a.cache.layout.capacity_slots();
-        std::vector<int64_t> hs(tokens);
-        for (int64_t t = 0; t < tokens; ++t) hs[t] = (t * 7919) % cap;
-        cuda_ok(cudaMemcpy(slots, hs.data(), tokens * 8, cudaMemcpyHostToDevice), "slots");
+        std::vector<int64_t> hs(size_t(kSets) * tokens);
+        for (int64_t t = 0; t < kSets * tokens; ++t) hs[size_t(t)] = (t * 7919) % cap;
+        cuda_ok(cudaMemcpy(slots, hs.data(), hs.size() * 8, cudaMemcpyHostToDevice), "slots");
         CacheWriteArgs wa;
-        wa.key = key;
-        wa.value = value;
         wa.key_stride = wa.value_stride = row_len;
-        wa.slot_mapping = slots;
         wa.num_tokens = tokens;
         wa.cache = a.cache;
         const double us = metrale::bench::median_us_per_call(
-            [&](int, cudaStream_t st) { cuda::reshape_and_cache(wa, st); }, 10);
+            [&](int call, cudaStream_t st) {
+              const size_t set = size_t(call % kSets);
+              CacheWriteArgs c = wa;
+              c.key = key + set * set_elems;
+              c.value = value + set * set_elems;
+              c.slot_mapping = slots + set * tokens;
+              cuda::reshape_and_cache(c, st);
+            },
+            kCallsPerGraph);
         Row r = row_for(0, us);
         const double bytes = double(tokens) * (2.0 * row_len * 2 + a.cache.layout.kv_bytes_per_token()) + tokens * 8;
         r.shape = std::string(fs) + " write " + std::to_string(tokens) + " tokens " + heads + " d" +
