@@ -175,7 +175,7 @@ struct DecodeConfig {
   static constexpr int kRingAlign = 1024;
   static constexpr int kRingBytes = kTma ? kWarps * kRingStages * kStageBytes + kRingAlign : 0;
   static constexpr int kStatOffset = kOBufBytes > kRingBytes ? kOBufBytes : kRingBytes;
-  static constexpr int kStatBytes = kWarps * kCols * 3 * 4 + kCols * 4 * (kWarps + 2);
+  static constexpr int kStatBytes = kWarps * kCols * 3 * 4;  // [warp][col] m_run, l, exact max
   static constexpr int kBarOffset = (kStatOffset + kStatBytes + 7) / 8 * 8;
   static constexpr int kRecOffset = (kBarOffset + (kTma ? kWarps * kRingStages * 8 : 0) + 15) / 16 * 16;
   static constexpr int kSmemBytes = kRecOffset + kCols * (D + 2) * 4;
@@ -300,9 +300,6 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   float* m_buf = reinterpret_cast<float*>(smem_bytes + Cfg::kStatOffset);  // [warp][col]
   float* l_buf = m_buf + Cfg::kWarps * kCols;
   float* mt_buf = l_buf + Cfg::kWarps * kCols;
-  float* w_buf = mt_buf + Cfg::kWarps * kCols;         // [warp][col] weights / L
-  float* col_m = w_buf + Cfg::kWarps * kCols;          // [col] exact max (log2)
-  float* col_l = col_m + kCols;                        // [col] L in that frame
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
@@ -760,57 +757,61 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   }
   const bool bad = __syncthreads_or(bad_page);
 
-  // Per-warp weights, one (warp, col) pair per lane of warp 0.
-  static_assert(Cfg::kWarps * kCols == 32, "one lane per (warp, col)");
-  if (warp == 0) {
-    const int w = lane / kCols, col = lane % kCols;
-    const float mw = m_buf[w * kCols + col];
-    float M = mw, MT = mt_buf[w * kCols + col];
-#pragma unroll
-    for (int x = kCols; x < 32; x *= 2) {
-      M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, x));
-      MT = fmaxf(MT, __shfl_xor_sync(0xffffffffu, MT, x));
-    }
-    const float wt = mw == kNegInf ? 0.0f : exp2f(mw - M);
-    float L = l_buf[w * kCols + col] * wt;
-#pragma unroll
-    for (int x = kCols; x < 32; x *= 2) L += __shfl_xor_sync(0xffffffffu, L, x);
-    w_buf[w * kCols + col] = L == 0.0f ? 0.0f : wt / L;  // L = 0: nothing attended, output 0
-    if (w == 0) {
-      col_m[col] = MT;
-      col_l[col] = L == 0.0f ? 0.0f : L * exp2f(M - MT);  // re-referenced to the exact max
-    }
-  }
-  __syncthreads();
-
+  // Warp w writes the outputs of columns w, w + kWarps: each of its lanes
+  // derives those columns' warp weights from the four warps' states (the
+  // same values in every lane), then sums 32 consecutive d per pass. No
+  // second barrier, and every warp has work at a group of 4 (warp 0
+  // computing every weight behind a second barrier, then a rolled pass
+  // over all outputs, cost 0.4-0.5 us per launch at 1x1024: v8.2 in
+  // bench/RESULTS.md).
   const float qnan = __int_as_float(0x7fc00000);
   float* const my_rec = reinterpret_cast<float*>(smem_bytes + Cfg::kRecOffset);  // [col][D + 2]
-  static_assert(kCols * D % Cfg::kThreads == 0, "whole passes over the tile's outputs");
-  // Not unrolled: this code runs once per CTA, cold in the instruction cache
-  // (unrolled, the pass took 1.2 us per CTA instead of 0.8 at 1x1024).
+  static_assert(D % 32 == 0 && kCols % Cfg::kWarps == 0, "whole passes over the tile's outputs");
 #pragma unroll 1
-  for (int it = 0; it < kCols * D / Cfg::kThreads; ++it) {
-    const int idx = threadIdx.x + it * Cfg::kThreads;
-    const int col = idx / D, d = idx % D;
-    if (col < cols) {
+  for (int col = warp; col < cols; col += Cfg::kWarps) {
+    float M = kNegInf, MT = kNegInf;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) {
+      M = fmaxf(M, m_buf[w * kCols + col]);
+      MT = fmaxf(MT, mt_buf[w * kCols + col]);
+    }
+    float wt[Cfg::kWarps];
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) {
+      const float mw = m_buf[w * kCols + col];
+      wt[w] = mw == kNegInf ? 0.0f : exp2f(mw - M);
+    }
+    static_assert(Cfg::kWarps == 4, "the sum of L below");
+    const float L = (l_buf[col] * wt[0] + l_buf[kCols + col] * wt[1]) +
+                    (l_buf[2 * kCols + col] * wt[2] + l_buf[3 * kCols + col] * wt[3]);
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) wt[w] = L == 0.0f ? 0.0f : wt[w] / L;  // L = 0: nothing attended, output 0
+    const int64_t qh = int64_t(head0 + col);
+    // The split's record (cluster merge: in shared memory), or none: the output.
+    float* rec = nullptr;
+    if (p.cluster_merge) {
+      rec = my_rec + col * (D + 2);
+    } else if (p.workspace != nullptr) {
+      rec = p.workspace + ((seq * p.num_q_heads + qh) * p.num_splits + split) * (D + 2);
+    }
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+      const int d = lane + 32 * i;
       float v = 0.0f;
 #pragma unroll
-      for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[w * kCols * D + o_index(col, d)] * w_buf[w * kCols + col];
+      for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[w * kCols * D + o_index(col, d)] * wt[w];
       v = bad ? qnan : v * p.v_factor;
-      const int64_t qh = int64_t(head0 + col);
-      if (p.workspace == nullptr && !p.cluster_merge) {
+      if (rec == nullptr) {
         p.out[(seq * p.num_q_heads + qh) * D + d] = codec::float_to_bf16(v);
       } else {
-        float* rec = p.cluster_merge ? my_rec + col * (D + 2)
-                                     : p.workspace + ((seq * p.num_q_heads + qh) * p.num_splits + split) * (D + 2);
         rec[d] = v;
-        if (d == 0) {
-          constexpr float kLn2 = 0.69314718055994530942f;
-          const bool empty = col_l[col] == 0.0f;
-          rec[D] = bad ? qnan : (empty ? kNegInf : col_m[col] * kLn2);
-          rec[D + 1] = bad ? qnan : col_l[col];
-        }
       }
+    }
+    if (rec != nullptr && lane == 0) {
+      // The record's (m, l): the exact max (ln units) and L re-referenced to it.
+      constexpr float kLn2 = 0.69314718055994530942f;
+      rec[D] = bad ? qnan : (L == 0.0f ? kNegInf : MT * kLn2);
+      rec[D + 1] = bad ? qnan : (L == 0.0f ? 0.0f : L * exp2f(M - MT));
     }
   }
   if (p.cluster_merge) cluster_merge_records<D>(p, my_rec, seq, head0, cols);
