@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one script for the H200 machine: build (unless prebuilt binaries were
 # carried), run every test binary (GPU tests included), optionally the GPU
-# tests under compute-sanitizer, then the benchmark; a summary table last.
+# tests under compute-sanitizer, then the benchmark (decode, then the cache
+# write); a summary table last.
 #
 #   tools/device_run.sh                  # build + tests + perf bench
 #   SANITIZE=1 tools/device_run.sh       # + memcheck and racecheck
@@ -66,6 +67,8 @@ fi
 
 if [ "${BENCH:-1}" = 1 ]; then
   "$BUILD/bench/metrale_bench" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  # The cache write on the same shapes (inputs rotated from HBM).
+  "$BUILD/bench/metrale_bench" --op write --csv "$OUT/bench_write.csv" 2>&1 | tee "$OUT/bench_write.log"
   # Peers on the same shapes in the same run (PyTorch is on the GPU machine).
   if [ "${PEERS:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
     PYTHONUNBUFFERED=1 python3 bench/peers.py --metrale-csv "$OUT/bench.csv" --csv "$OUT/peers.csv" ${PEERS_ARGS:-} 2>&1 |
