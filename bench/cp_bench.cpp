@@ -57,7 +57,6 @@ using metrale::bench::kRotationBytes;
 using metrale::bench::cuda_ok;
 using metrale::bench::split_list;
 
-
 void nccl_ok(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(r));
 }

@@ -38,7 +38,6 @@ using metrale::bench::kRotationBytes;
 using metrale::bench::cuda_ok;
 using metrale::bench::split_list;
 
-
 struct Row {
   std::string op, shape, note;
   int splits = 0;
@@ -129,10 +128,10 @@ int main(int argc, char** argv) {
       };
       if (op == "write") {
         // Cache write of one new token per sequence x 64 steps' worth of
-        // tokens. The graph's calls rotate over kSets disjoint input sets and
-        // slot mappings, so (as in the decode rows) a call's bf16 rows come
+        // tokens. Each of the graph's kSets calls takes its own input set and
+        // slot mapping, so (as in the decode rows) a call's bf16 rows come
         // from HBM, not from L2 where the previous call left them.
-        constexpr int kCallsPerGraph = 10, kSets = kCallsPerGraph;
+        constexpr int kSets = 10;
         const int64_t tokens = std::max<int64_t>(int64_t(s.num_seqs) * 64, 4096);
         const int32_t row_len = kvh * head_dim;
         const size_t set_elems = size_t(tokens) * row_len;
@@ -154,14 +153,14 @@ int main(int argc, char** argv) {
         wa.cache = a.cache;
         const double us = metrale::bench::median_us_per_call(
             [&](int call, cudaStream_t st) {
-              const size_t set = size_t(call % kSets);
+              const size_t set = size_t(call);
               CacheWriteArgs c = wa;
               c.key = key + set * set_elems;
               c.value = value + set * set_elems;
               c.slot_mapping = slots + set * tokens;
               cuda::reshape_and_cache(c, st);
             },
-            kCallsPerGraph);
+            kSets);
         Row r = row_for(0, us);
         const double bytes = double(tokens) * (2.0 * row_len * 2 + a.cache.layout.kv_bytes_per_token()) + tokens * 8;
         r.shape = std::string(fs) + " write " + std::to_string(tokens) + " tokens " + heads + " d" +
