@@ -232,31 +232,83 @@ TEST(GpuDecode, ManyWavesOfRaggedItemsKeepNanAndCorruptPagesToThemselves) {
   }
 }
 
-// A NaN in one K element reaches exactly the sequences that attend to it.
+// A NaN in one K element reaches exactly the sequences that attend to it,
+// and only through its own kv head: at head_dim 64 the two kv heads share a
+// CTA (decode_pairs_kv_heads), and the other head must stay clean.
 TEST(GpuDecode, NanInCacheReachesTheOutput) {
   METRALE_SKIP_WITHOUT_GPU();
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
-    DecodeCase c;
-    c.format = f;
-    c.seq_lens = {50, 50, 64};
-    c.sliding_window = 0;
-    HostProblem hp = make_problem(c, seed);
-    // K of sequence 1, position 20, kv head 0: every element.
-    for (int d = 0; d < c.head_dim; ++d) poison_cache(hp, 'k', 1, 20, 0, d);
-    const std::vector<double> ref = reference_decode(hp);
-    DeviceProblem dp(hp);
-    for (auto [ns, planned] : std::vector<std::pair<int32_t, bool>>{{0, false}, {4, false}, {4, true}}) {
-      const RunResult r = run_gpu(hp, dp, ns, planned);
-      expect_matches(hp, ref, r,
-                     std::string(to_string(f)) + " NaN K, splits " + std::to_string(ns) + (planned ? " run_decode" : ""));
-      const int32_t D = c.head_dim, H = hp.num_q_heads();
-      EXPECT_TRUE(std::isnan(codec::bf16_to_float(r.out[(1 * H + 0) * D])));       // attends: NaN
-      EXPECT_FALSE(std::isnan(codec::bf16_to_float(r.out[(0 * H + 0) * D])));      // other sequence: clean
-      EXPECT_FALSE(std::isnan(codec::bf16_to_float(r.out[(1 * H + H - 1) * D])));  // other kv head: clean
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4})
+    for (int32_t D : {64, 128})
+      for (char which : {'k', 'v'}) {
+        DecodeCase c;
+        c.format = f;
+        c.head_dim = D;
+        c.seq_lens = {50, 50, 64};
+        c.sliding_window = 0;
+        HostProblem hp = make_problem(c, seed);
+        // Sequence 1, position 20, kv head 0 (of 2): every element.
+        for (int d = 0; d < D; ++d) poison_cache(hp, which, 1, 20, 0, d);
+        const std::vector<double> ref = reference_decode(hp);
+        DeviceProblem dp(hp);
+        for (auto [ns, planned] : std::vector<std::pair<int32_t, bool>>{{0, false}, {4, false}, {4, true}}) {
+          const RunResult r = run_gpu(hp, dp, ns, planned);
+          const std::string what = std::string(to_string(f)) + " D" + std::to_string(D) + " NaN " + which +
+                                   ", splits " + std::to_string(ns) + (planned ? " run_decode" : "");
+          expect_matches(hp, ref, r, what);
+          const int32_t H = hp.num_q_heads();
+          EXPECT_TRUE(std::isnan(codec::bf16_to_float(r.out[(1 * H + 0) * D]))) << what;       // attends: NaN
+          EXPECT_FALSE(std::isnan(codec::bf16_to_float(r.out[(0 * H + 0) * D]))) << what;      // other sequence
+          EXPECT_FALSE(std::isnan(codec::bf16_to_float(r.out[(1 * H + H - 1) * D]))) << what;  // other kv head
+        }
+      }
+}
+
+// head_dim 64 with an even number of kv heads, groups of at most 4 and
+// enough sequences runs two kv heads per CTA (decode_pairs_kv_heads): every
+// group that pairs, one that does not (8) and an odd head count, ragged
+// lengths, a window, split-K through the workspace and through the cluster
+// merge, the TMA and the register path. A NaN in K of one head and in V of
+// the other must stay in its own head (the reference has them finite).
+TEST(GpuDecode, HeadDim64PairsOfKvHeads) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int32_t sms = cuda::device_info().num_sms;
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4})
+    for (auto [heads, group] : std::vector<std::pair<int32_t, int32_t>>{{2, 1}, {6, 2}, {4, 4}, {2, 8}, {3, 4}}) {
+      DecodeCase c;
+      c.format = f;
+      c.head_dim = 64;
+      c.num_kv_heads = heads;
+      c.group = group;
+      c.block_size = int32_t(pick(rng, 16, 32, 64));
+      const int32_t seqs = 2 * sms / std::max(heads / 2, 1);  // a resident wave of head pairs: the batch pairs
+      c.seq_lens = interesting_lengths(c.block_size, 300, seqs, rng());
+      c.sliding_window = int32_t(pick(rng, 0, 0, 100));
+      c.q_stride_pad = 8 * int64_t(rng() % 3);
+      c.page_pad_bytes = 16 * int64_t(rng() % 3);
+      SCOPED_TRACE(c.describe());
+      HostProblem hp = make_problem(c, rng());
+      int32_t s = 0;
+      while (hp.seq_lens[s] < 2) ++s;
+      for (int d = 0; d < 64; ++d) poison_cache(hp, 'k', s, hp.seq_lens[s] - 1, 0, d);
+      for (int d = 0; d < 64; ++d) poison_cache(hp, 'v', s, 0, heads - 1, d);
+      const std::vector<double> ref = reference_decode(hp);
+      DeviceProblem dp(hp);
+      expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass");
+      expect_matches(hp, ref, run_gpu(hp, dp, 5), "split-K, 5 splits");
+      expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "run_decode, 2 splits (cluster merge)");
+      if (f != KvFormat::nvfp4) {
+        RegisterPathScope reg;
+        expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass, register path");
+        expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "run_decode, 2 splits, register path");
+      }
+      EXPECT_TRUE(dp.inputs_intact()) << "a kernel wrote into its inputs or their guards";
+      if (HasFailure()) return;
     }
-  }
 }
 
 // A page id outside the cache inside the attended range is never

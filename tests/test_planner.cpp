@@ -67,6 +67,21 @@ TEST(Planner, SplitsBatchOneLongContexts) {
   EXPECT_GT(prev, 1);
 }
 
+// head_dim 64 serves two kv heads per CTA (decode_pairs_kv_heads) where the
+// group allows and the batch still fills a third of a wave: half the CTAs
+// per split, so twice the splits of head_dim 128, at most 2.
+TEST(Planner, HeadDim64CountsPairsOfKvHeads) {
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    EXPECT_EQ(plan_decode(problem(32, 8, 4, 32768, 0, f, 64), kH200Sms).num_splits, 2);
+    EXPECT_EQ(plan_decode(problem(32, 8, 4, 32768, 0, f, 128), kH200Sms).num_splits, 1);
+    // Smaller batches and groups of 8 keep one kv head per CTA.
+    for (auto [seqs, group] : std::vector<std::pair<int32_t, int32_t>>{{16, 4}, {1, 4}, {32, 8}})
+      EXPECT_EQ(plan_decode(problem(seqs, 8, group, 32768, 0, f, 64), kH200Sms).num_splits,
+                plan_decode(problem(seqs, 8, group, 32768, 0, f, 128), kH200Sms).num_splits)
+          << seqs << " seqs, group " << group;
+  }
+}
+
 TEST(Planner, ShortContextsAreNotCutIntoTinyPieces) {
   for (int32_t len : {0, 1, 16, 100, 255})
     EXPECT_EQ(plan_decode(problem(1, 1, 1, len), kH200Sms).num_splits, 1) << "len " << len;

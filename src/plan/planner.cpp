@@ -14,10 +14,9 @@
 
 namespace metrale {
 namespace {
-// The decode kernel uses ~255 registers x 128 threads: 2 CTAs fit an SM.
-// Splitting past one resident wave only adds tails and reduce work
-// (measured with `metrale_bench --mode oracle`, bench/RESULTS.md).
-constexpr int32_t kCtasPerSmTarget = 2;
+// Splitting past one resident wave (kernels::kDecodeCtasPerSm CTAs per SM)
+// only adds tails and reduce work (measured with `metrale_bench --mode
+// oracle`, bench/RESULTS.md).
 // Two 16-token steps per warp of a 4-warp CTA: below this a
 // split's prologue, epilogue and record cost more than its parallelism gains.
 constexpr int32_t kMinTokensPerSplit = 128;
@@ -36,14 +35,16 @@ DecodePlan plan_decode(const DecodeProblem& p, int32_t num_sms) {
   METRALE_CHECK_ARG(p.sliding_window >= 0, "sliding_window", p.sliding_window, ">= 0");
   METRALE_CHECK_ARG(num_sms > 0, "num_sms", num_sms, "> 0");
 
-  const int32_t group = p.num_q_heads / p.layout.num_kv_heads;
+  // CTAs per split: one per (sequence, kv head or head pair, 8-q-head tile).
+  int32_t group = p.num_q_heads / p.layout.num_kv_heads, kv_units = p.layout.num_kv_heads;
+  if (kernels::decode_pairs_kv_heads(p.layout.head_dim, kv_units, group, p.num_seqs, num_sms)) kv_units /= 2, group *= 2;
   const int64_t head_tiles = (group + kernels::kDecodeQHeadsPerCta - 1) / kernels::kDecodeQHeadsPerCta;
-  const int64_t base_ctas = int64_t(p.num_seqs) * p.layout.num_kv_heads * head_tiles;
+  const int64_t base_ctas = int64_t(p.num_seqs) * kv_units * head_tiles;
   const int64_t attended =
       p.sliding_window > 0 ? std::min<int64_t>(p.max_seq_len, p.sliding_window + p.layout.block_size) : p.max_seq_len;
 
   DecodePlan plan;
-  const int64_t target = int64_t(num_sms) * kCtasPerSmTarget;
+  const int64_t target = int64_t(num_sms) * kernels::kDecodeCtasPerSm;
   if (base_ctas > 0 && base_ctas < target) {
     const int64_t by_fill = target / base_ctas;  // stay within one resident wave
     const int64_t by_length = std::max<int64_t>(1, attended / kMinTokensPerSplit);

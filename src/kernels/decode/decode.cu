@@ -16,6 +16,13 @@ namespace {
 
 using kernels::DecodeParams;
 
+int32_t num_sms() {
+  int dev = 0, sms = 0;
+  detail::cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  detail::cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return sms;
+}
+
 DecodeParams make_params(const DecodeArgs& a) {
   const KvCacheLayout& L = a.cache.layout;
   // The kernel addresses bytes inside a page with 32-bit offsets (the NVFP4
@@ -36,6 +43,12 @@ DecodeParams make_params(const DecodeArgs& a) {
   p.num_q_heads = a.num_q_heads;
   p.num_kv_heads = L.num_kv_heads;
   p.group = a.num_q_heads / L.num_kv_heads;
+  if (L.head_dim == 64) p.pair_kv_heads = kernels::decode_pairs_kv_heads(L.head_dim, p.num_kv_heads, p.group,
+                                                                         a.num_seqs, num_sms());
+  if (p.pair_kv_heads) {
+    p.num_kv_heads /= 2;
+    p.group *= 2;
+  }
   p.head_tiles = (p.group + kernels::kDecodeQHeadsPerCta - 1) / kernels::kDecodeQHeadsPerCta;
   p.block_size = L.block_size;
   p.sliding_window = a.sliding_window;
@@ -58,13 +71,21 @@ DecodeParams make_params(const DecodeArgs& a) {
   // METRALE_DECODE_NO_TMA=1 keeps them on the register-path kernel (the
   // tests cover both; A/B measurements).
   const char* no_tma = std::getenv("METRALE_DECODE_NO_TMA");
+  // Paired heads: the maps see a row of head_dim 128 per head pair, so one
+  // 128-byte box spans both heads' rows (decode_kernel.cuh, k_vector).
+  KvCacheLayout map_layout = L;
+  if (p.pair_kv_heads) {
+    map_layout.head_dim *= 2;
+    map_layout.num_kv_heads /= 2;
+  }
   p.use_tma = L.format != KvFormat::nvfp4 && !(no_tma != nullptr && no_tma[0] == '1') &&
-              kernels::make_kv_tensor_map(p.k_map, a.cache.k, L) && kernels::make_kv_tensor_map(p.v_map, a.cache.v, L);
+              kernels::make_kv_tensor_map(p.k_map, a.cache.k, map_layout) &&
+              kernels::make_kv_tensor_map(p.v_map, a.cache.v, map_layout);
   return p;
 }
 
 int64_t num_ctas(const DecodeParams& p, int32_t num_seqs) {
-  const int64_t n = int64_t(num_seqs) * p.num_kv_heads * p.head_tiles;
+  const int64_t n = int64_t(num_seqs) * p.num_kv_heads * p.head_tiles;  // kv heads of the CTAs (pairs at head_dim 64)
   METRALE_CHECK_ARG(n <= detail::kMaxGridX, "num_seqs", num_seqs,
                     "num_seqs * num_kv_heads * ceil(group/8) <= 2^31-1 (grid limit)");
   return n;

@@ -89,16 +89,23 @@ constexpr bool k_permutation_ok() {
 // kTma: K/V tiles reach shared memory through TMA (a per-warp ring of
 // stages, see the kernel) instead of registers. The register path serves
 // NVFP4, and bf16/fp8 where the driver cannot encode the tensor maps.
-template <class Fmt, int D, bool kTma = false>
+// kPair: D = 128 made of two adjacent kv heads of head_dim 64
+// (decode_pairs_kv_heads): each thread's K vectors lie in one head (k_vector),
+// so QK k-steps 0..3 are the first head's and 4..7 the second's.
+template <class Fmt, int D, bool kTma = false, bool kPair = false>
 struct DecodeConfig {
+  static_assert(!kPair || D == 128, "pairs of head_dim-64 heads");
+  static constexpr int kHeadDim = kPair ? D / 2 : D;  // of q, the output and the split records
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kCols = kDecodeQHeadsPerCta;  // q heads per CTA (the MMA's N)
   static_assert(kCols == 8, "one n-tile of q heads");
   static constexpr int kStepTokens = 16;
   static constexpr int kRowBytes = D * Fmt::kBits / 8;
-  // K: a thread loads a quarter of each of two token rows.
-  static constexpr int kKVecBytes = kRowBytes / 4 < 16 ? kRowBytes / 4 : 16;
+  // K: a thread loads a quarter of each of two token rows (paired: a
+  // quarter of each head's half).
+  static constexpr int kKQuarterBytes = kPair ? kRowBytes / 8 : kRowBytes / 4;
+  static constexpr int kKVecBytes = kKQuarterBytes < 16 ? kKQuarterBytes : 16;
   static constexpr int kKVecs = kRowBytes / (4 * kKVecBytes);
   static constexpr int kKElemsPerVec = kKVecBytes * 8 / Fmt::kBits;
   static constexpr int kKWords = kRowBytes / 16;
@@ -159,7 +166,13 @@ struct DecodeConfig {
   // order reads whole sectors). TMA: chunks 2c, 2c+1 of each 128-byte box,
   // so that the two tokens of a quarter warp (g, g+1: line indices of
   // opposite parity) take chunks of opposite parity after the swizzle.
+  // Paired fp8 heads (64 bytes each in one 128-byte box): chunk c of the
+  // head, which keeps each k-step in one head at the price of 2-way bank
+  // conflicts on the K reads (64-byte boxes, one per head, avoided those
+  // but made the TMA fetch 0.70 R at 64x4096 against 0.84 with 128-byte
+  // boxes: session 6 in bench/RESULTS.md).
   __host__ __device__ static constexpr int k_vector(int i, int c) {
+    if (kTma && kPair && kKVecs == 2) return i * 4 + c;
     return kTma && kKVecs >= 2 ? (i / 2) * 8 + 2 * c + i % 2 : i * 4 + c;
   }
 
@@ -285,10 +298,11 @@ __device__ void cluster_merge_records(const DecodeParams& p, const float* recs, 
   cluster.sync();
 }
 
-template <class Fmt, int D, bool kTma>
-__global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
+template <class Fmt, int D, bool kTma, bool kPair>
+__global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
     paged_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using Cfg = DecodeConfig<Fmt, D, kTma>;
+  using Cfg = DecodeConfig<Fmt, D, kTma, kPair>;
+  constexpr int kHD = Cfg::kHeadDim;  // elements of a q row, an output row, a record
   using Op = typename Fmt::Op;
   constexpr int U = Cfg::kUnroll;
   constexpr int kCols = Cfg::kCols;
@@ -327,9 +341,12 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   // tile (zero past the group), head_dim positions of the K permutation:
   // slot r of k-step kk takes element Fmt::k_elem(kk, r) of the thread's K
   // stream, which is element e % EK of vector e / EK, i.e. head_dim
-  // position Cfg::k_vector(e / EK, c) * EK + e % EK.
+  // position Cfg::k_vector(e / EK, c) * EK + e % EK. Paired heads: every
+  // column holds its q in both halves (each half's k-steps feed one
+  // head's logits; the other head's products are never used, so the
+  // columns need no zeros and a NaN in one head's K stays there).
   uint32_t qf[Cfg::kKSteps][2];
-  const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * D;
+  const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * kHD;
 #pragma unroll
   for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
     float x[4];
@@ -337,7 +354,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
     for (int r = 0; r < 4; ++r) {
       constexpr int kEK = Cfg::kKElemsPerVec;
       const int e = Fmt::k_elem(kk, r);
-      x[r] = g < cols ? codec::bf16_to_float(q_row[Cfg::k_vector(e / kEK, c) * kEK + e % kEK]) : 0.0f;
+      const int d = Cfg::k_vector(e / kEK, c) * kEK + e % kEK;
+      x[r] = g < cols ? codec::bf16_to_float(q_row[kPair ? d % kHD : d]) : 0.0f;
     }
     qf[kk][0] = pack2<Op>(x[0], x[1]);  // exact for bf16; f16 as docs/numerics.md says
     qf[kk][1] = pack2<Op>(x[2], x[3]);
@@ -485,6 +503,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
       // s = S^T rows (tokens g, g+8) x columns (q heads 2c, 2c+1), summed
       // in two independent MMA chains (even / odd k-steps) where registers
       // allow: a chain of dependent MMAs pays the full MMA latency per link.
+      // Paired heads: the chains are the two heads' k-steps, and each
+      // column takes its own head's.
       float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       // K group scales as f16x2 pairs: ksc[t][j] = groups (2j, 2j+1) of the
       // thread's scale bytes of token g + 8t; k-step kk takes group kk/4.
@@ -505,10 +525,16 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
         }
         Fmt::k_pair(b.kw[u][0], kk, ks0, a[0], a[2]);
         Fmt::k_pair(b.kw[u][1], kk, ks1, a[1], a[3]);
-        mma_16816<Op>(kk % 2 && D <= 128 ? s_odd : s, a, qf[kk][0], qf[kk][1]);
+        const bool odd_chain = kPair ? kk >= Cfg::kKSteps / 2 : kk % 2 && D <= 128;
+        mma_16816<Op>(odd_chain ? s_odd : s, a, qf[kk][0], qf[kk][1]);
       }
 #pragma unroll
-      for (int r = 0; r < 4; ++r) s[r] += s_odd[r];
+      for (int r = 0; r < 4; ++r) {
+        if constexpr (kPair)
+          s[r] = 2 * c + r % 2 >= cols / 2 ? s_odd[r] : s[r];  // columns of the second head
+        else
+          s[r] += s_odd[r];
+      }
       // Logits in log2 units; positions outside [first_pos, seq_len) are masked.
       // Most steps lie wholly inside the attended range (warp-uniform test)
       // and skip the V masking below.
@@ -765,8 +791,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
   // over all outputs, cost 0.4-0.5 us per launch at 1x1024: v8.2 in
   // bench/RESULTS.md).
   const float qnan = __int_as_float(0x7fc00000);
-  float* const my_rec = reinterpret_cast<float*>(smem_bytes + Cfg::kRecOffset);  // [col][D + 2]
-  static_assert(D % 32 == 0 && kCols % Cfg::kWarps == 0, "whole passes over the tile's outputs");
+  float* const my_rec = reinterpret_cast<float*>(smem_bytes + Cfg::kRecOffset);  // [col][kHD + 2]
+  static_assert(kHD % 32 == 0 && kCols % Cfg::kWarps == 0, "whole passes over the tile's outputs");
 #pragma unroll 1
   for (int col = warp; col < cols; col += Cfg::kWarps) {
     float M = kNegInf, MT = kNegInf;
@@ -790,19 +816,21 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
     // The split's record (cluster merge: in shared memory), or none: the output.
     float* rec = nullptr;
     if (p.cluster_merge) {
-      rec = my_rec + col * (D + 2);
+      rec = my_rec + col * (kHD + 2);
     } else if (p.workspace != nullptr) {
-      rec = p.workspace + ((seq * p.num_q_heads + qh) * p.num_splits + split) * (D + 2);
+      rec = p.workspace + ((seq * p.num_q_heads + qh) * p.num_splits + split) * (kHD + 2);
     }
+    // Paired heads: the column's own head is the upper half of the tile's D.
+    const int d0 = kPair && col >= cols / 2 ? kHD : 0;
 #pragma unroll
-    for (int i = 0; i < D / 32; ++i) {
+    for (int i = 0; i < kHD / 32; ++i) {
       const int d = lane + 32 * i;
       float v = 0.0f;
 #pragma unroll
-      for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[w * kCols * D + o_index(col, d)] * wt[w];
+      for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[w * kCols * D + o_index(col, d0 + d)] * wt[w];
       v = bad ? qnan : v * p.v_factor;
       if (rec == nullptr) {
-        p.out[(seq * p.num_q_heads + qh) * D + d] = codec::float_to_bf16(v);
+        p.out[(seq * p.num_q_heads + qh) * kHD + d] = codec::float_to_bf16(v);
       } else {
         rec[d] = v;
       }
@@ -810,11 +838,11 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma>::kThreads)
     if (rec != nullptr && lane == 0) {
       // The record's (m, l): the exact max (ln units) and L re-referenced to it.
       constexpr float kLn2 = 0.69314718055994530942f;
-      rec[D] = bad ? qnan : (L == 0.0f ? kNegInf : MT * kLn2);
-      rec[D + 1] = bad ? qnan : (L == 0.0f ? 0.0f : L * exp2f(M - MT));
+      rec[kHD] = bad ? qnan : (L == 0.0f ? kNegInf : MT * kLn2);
+      rec[kHD + 1] = bad ? qnan : (L == 0.0f ? 0.0f : L * exp2f(M - MT));
     }
   }
-  if (p.cluster_merge) cluster_merge_records<D>(p, my_rec, seq, head0, cols);
+  if (p.cluster_merge) cluster_merge_records<kHD>(p, my_rec, seq, head0, cols);
 }
 
 }  // namespace metrale::kernels

@@ -21,10 +21,10 @@ constexpr int32_t kMaxClusterSplits = 8;
 // clusters of its splits that merge in-kernel (decode_kernel.cuh) where such
 // clusters fit the GPU; otherwise it writes the workspace. Returns whether
 // the output is complete (single pass or merged), i.e. no reduce is needed.
-template <class Fmt, int D, bool kTma>
+template <class Fmt, int D, bool kTma, bool kPair>
 bool launch_decode_variant(DecodeParams p, int64_t num_ctas, cudaStream_t stream) {
-  using Cfg = DecodeConfig<Fmt, D, kTma>;
-  auto kernel = paged_decode_kernel<Fmt, D, kTma>;
+  using Cfg = DecodeConfig<Fmt, D, kTma, kPair>;
+  auto kernel = paged_decode_kernel<Fmt, D, kTma, kPair>;
   static const bool smem_ok = [&] {  // once per instantiation: allow > 48 KB of shared memory
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
   }();
@@ -52,18 +52,20 @@ bool launch_decode_variant(DecodeParams p, int64_t num_ctas, cudaStream_t stream
 }
 
 // The TMA kernel for the unscaled formats (DecodeConfig says why not NVFP4).
-template <class Fmt, int D>
+template <class Fmt, int D, bool kPair = false>
 bool launch_decode_instance(const DecodeParams& p, int64_t num_ctas, cudaStream_t stream) {
   if constexpr (!Fmt::kScaled) {
-    if (p.use_tma) return launch_decode_variant<Fmt, D, true>(p, num_ctas, stream);
+    if (p.use_tma) return launch_decode_variant<Fmt, D, true, kPair>(p, num_ctas, stream);
   }
-  return launch_decode_variant<Fmt, D, false>(p, num_ctas, stream);
+  return launch_decode_variant<Fmt, D, false, kPair>(p, num_ctas, stream);
 }
 
 template <class Fmt>
 bool launch_decode_format(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch_decode_instance<Fmt, 64>(p, num_ctas, stream);
+    case 64:
+      return p.pair_kv_heads ? launch_decode_instance<Fmt, 128, true>(p, num_ctas, stream)
+                             : launch_decode_instance<Fmt, 64>(p, num_ctas, stream);
     case 128: return launch_decode_instance<Fmt, 128>(p, num_ctas, stream);
     case 256: return launch_decode_instance<Fmt, 256>(p, num_ctas, stream);
   }
