@@ -31,18 +31,26 @@ bool launch_decode_variant(DecodeParams p, int64_t num_ctas, cudaStream_t stream
   if (!smem_ok) detail::cuda_check(cudaGetLastError(), "cudaFuncSetAttribute(paged_decode_kernel)");
   const dim3 grid(unsigned(num_ctas), unsigned(p.num_splits)), block(Cfg::kThreads);
   if (p.cluster_merge) {
-    // Whether a cluster of n such CTAs can be resident, once per split count.
-    static std::atomic<int> fits[kMaxClusterSplits + 1] = {};  // 0 unknown, 1 yes, 2 no
+    // How many clusters of n such CTAs can be resident at once, once per
+    // split count. The merge holds every CTA of a cluster until the last one
+    // is done, and clusters are placed whole inside one GPC: a grid of more
+    // clusters than that runs them in waves. There the workspace and the
+    // reduce are faster (fp8 d64 4x8192, 32 clusters of 8: 25.4 us in
+    // clusters against 16.1 through the workspace; session 6 in
+    // bench/RESULTS.md).
+    static std::atomic<int> resident[kMaxClusterSplits + 1] = {};  // 0 unknown, else 1 + the count
     const int n = p.num_splits;
     if (n < 2 || n > kMaxClusterSplits) detail::throw_invalid("num_splits", std::to_string(n), "2..8 for a cluster merge");
-    if (fits[n].load() == 0) {
+    if (resident[n].load() == 0) {
       int clusters = 0;
       const detail::DependentLaunch probe(dim3(unsigned(n), unsigned(n)), block, Cfg::kSmemBytes, stream, unsigned(n));
-      bool ok = cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.cfg) == cudaSuccess;
-      if (!ok) cudaGetLastError();  // an unsupported query is an answer (no), not an error
-      fits[n].store(ok && clusters > 0 ? 1 : 2);
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.cfg) != cudaSuccess) {
+        cudaGetLastError();  // an unsupported query is an answer (none), not an error
+        clusters = 0;
+      }
+      resident[n].store(1 + clusters);
     }
-    p.cluster_merge = fits[n].load() == 1;
+    p.cluster_merge = num_ctas <= resident[n].load() - 1;
   }
   // The kernel reads nothing before its griddepcontrol.wait.
   detail::launch_dependent(
