@@ -166,13 +166,15 @@ struct DecodeConfig {
   // order reads whole sectors). TMA: chunks 2c, 2c+1 of each 128-byte box,
   // so that the two tokens of a quarter warp (g, g+1: line indices of
   // opposite parity) take chunks of opposite parity after the swizzle.
-  // Paired fp8 heads (64 bytes each in one 128-byte box): chunk c of the
-  // head, which keeps each k-step in one head at the price of 2-way bank
-  // conflicts on the K reads (64-byte boxes, one per head, avoided those
-  // but made the TMA fetch 0.70 R at 64x4096 against 0.84 with 128-byte
-  // boxes: session 6 in bench/RESULTS.md).
+  // Paired fp8 heads (64 bytes each in one 128-byte box): chunk c of head
+  // i, which keeps each k-step in one head; tokens g and g+1 of a quarter
+  // warp would then read the same banks, so odd tokens read the heads in
+  // the other order (kSwapOddTokens). One 64-byte box per head avoided the
+  // conflicts too, but its TMA fetch reached 0.70 R at 64x4096 against 0.84
+  // with 128-byte boxes (session 6 in bench/RESULTS.md).
+  static constexpr bool kSwapOddTokens = kTma && kPair && kKVecs == 2;
   __host__ __device__ static constexpr int k_vector(int i, int c) {
-    if (kTma && kPair && kKVecs == 2) return i * 4 + c;
+    if (kSwapOddTokens) return i * 4 + c;
     return kTma && kKVecs >= 2 ? (i / 2) * 8 + 2 * c + i % 2 : i * 4 + c;
   }
 
@@ -497,6 +499,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
     }
   };
   // Attention over the steps held in `b`: QK, online softmax, PV.
+  const bool odd_tokens_swapped = Cfg::kSwapOddTokens && (g & 1);
   auto compute = [&](StepBuffers<Cfg>& b) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -504,7 +507,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
       // in two independent MMA chains (even / odd k-steps) where registers
       // allow: a chain of dependent MMAs pays the full MMA latency per link.
       // Paired heads: the chains are the two heads' k-steps, and each
-      // column takes its own head's.
+      // column takes its own head's (rows g, g+8 of odd g hold the second
+      // head in the first chain where kSwapOddTokens: both chains see the
+      // same q, as every column carries its q in both halves).
       float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       // K group scales as f16x2 pairs: ksc[t][j] = groups (2j, 2j+1) of the
       // thread's scale bytes of token g + 8t; k-step kk takes group kk/4.
@@ -531,7 +536,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         if constexpr (kPair)
-          s[r] = 2 * c + r % 2 >= cols / 2 ? s_odd[r] : s[r];  // columns of the second head
+          s[r] = (2 * c + r % 2 >= cols / 2) != odd_tokens_swapped ? s_odd[r] : s[r];  // the column's head
         else
           s[r] += s_odd[r];
       }
@@ -695,7 +700,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
         for (int t = 0; t < 2; ++t)
 #pragma unroll
           for (int i = 0; i < Cfg::kKVecs; ++i)
-            load_smem_vec<VB>(kt + tile_off(g + 8 * t, Cfg::k_vector(i, c) * VB), &b.kw[u][t][i * VB / 4]);
+            load_smem_vec<VB>(kt + tile_off(g + 8 * t, Cfg::k_vector(Cfg::kSwapOddTokens ? i ^ (g & 1) : i, c) * VB),
+                              &b.kw[u][t][i * VB / 4]);
 #pragma unroll
         for (int t = 0; t < 4; ++t)
 #pragma unroll
