@@ -43,8 +43,9 @@ DecodeParams make_params(const DecodeArgs& a) {
   p.num_q_heads = a.num_q_heads;
   p.num_kv_heads = L.num_kv_heads;
   p.group = a.num_q_heads / L.num_kv_heads;
-  if (L.head_dim == 64) p.pair_kv_heads = kernels::decode_pairs_kv_heads(L.head_dim, p.num_kv_heads, p.group,
-                                                                         a.num_seqs, num_sms());
+  // (the SM count is asked only where the rule can pair)
+  p.pair_kv_heads = L.head_dim == 64 &&
+                    kernels::decode_pairs_kv_heads(L.head_dim, p.num_kv_heads, p.group, a.num_seqs, num_sms());
   if (p.pair_kv_heads) {
     p.num_kv_heads /= 2;
     p.group *= 2;

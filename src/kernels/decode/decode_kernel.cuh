@@ -2,8 +2,9 @@
 // (kernels/formats/format_policy.cuh), for single pass and split-K.
 //
 // Work decomposition: one CTA per (sequence, kv head, tile of 8 q heads,
-// split), so the q heads that share a kv head are served by ONE read of that
-// head's cache: the GQA group is the N dimension of the tensor-core MMAs
+// split; at head_dim 64 often a pair of kv heads: DecodeConfig's kPair), so
+// the q heads that share a kv head are served by ONE read of that head's
+// cache: the GQA group is the N dimension of the tensor-core MMAs
 // (columns beyond the group are zero and never stored). The CTA's 4 warps
 // take groups of kUnroll consecutive 16-token steps of the split's pages
 // round-robin, loading the next groups while computing the current one:

@@ -35,7 +35,7 @@ inline bool decode_pairs_kv_heads(int32_t head_dim, int32_t num_kv_heads, int32_
 
 struct DecodeParams {
   // TMA descriptors of the K and V caches (kv_tensor_map.hpp): boxes of 16
-  // tokens of one head's rows of one page; valid when use_tma.
+  // tokens of one head's (or head pair's) rows of one page; valid when use_tma.
   CUtensorMap k_map;
   CUtensorMap v_map;
   bool use_tma;
