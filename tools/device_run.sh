@@ -101,8 +101,11 @@ if [ -x "$BUILD/tools/metrale" ]; then
   fi
 fi
 
-# Only a few files come back from the machine: pack the logs.
-(cd "$OUT" && tar czf logs.tgz ./*.log 2>/dev/null && rm -f ./*.log)
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+# The device tool returns at most 8 files from $OUT (the first 8 by name
+# otherwise: session 6 lost its peers.csv and summary.txt): the tables come
+# back as they are, everything else (logs, JSON, plots) in one archive.
+(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|results\.tgz') &&
+  [ -n "$rest" ] && tar czf results.tgz $rest && rm -rf $rest)
