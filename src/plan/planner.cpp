@@ -37,7 +37,10 @@ DecodePlan plan_decode(const DecodeProblem& p, int32_t num_sms) {
 
   // CTAs per split: one per (sequence, kv head or head pair, 8-q-head tile).
   int32_t group = p.num_q_heads / p.layout.num_kv_heads, kv_units = p.layout.num_kv_heads;
-  if (kernels::decode_pairs_kv_heads(p.layout.head_dim, kv_units, group, p.num_seqs, num_sms)) kv_units /= 2, group *= 2;
+  if (kernels::decode_pairs_kv_heads(p.layout.head_dim, kv_units, group, p.num_seqs, num_sms)) {
+    kv_units /= 2;
+    group *= 2;
+  }
   const int64_t head_tiles = (group + kernels::kDecodeQHeadsPerCta - 1) / kernels::kDecodeQHeadsPerCta;
   const int64_t base_ctas = int64_t(p.num_seqs) * kv_units * head_tiles;
   const int64_t attended =

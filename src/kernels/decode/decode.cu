@@ -131,9 +131,9 @@ void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws,
 }
 
 // As cpu::run_decode: the plan's num_splits is authoritative, ws supplies
-// the memory. 2-8 splits merge inside a cluster of the split CTAs; the
-// workspace and the reduce serve more splits, or GPUs where such clusters
-// cannot be resident.
+// the memory. 2-8 splits merge inside clusters of the split CTAs where all
+// the grid's clusters can be resident at once (decode_launch.cuh); the
+// workspace and the reduce serve more splits and the other grids.
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
   detail::validate_plan(plan);
   detail::validate_decode(args);  // everything, `out` included, before any launch
