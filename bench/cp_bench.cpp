@@ -189,8 +189,7 @@ int main(int argc, char** argv) {
       {
         cuda_ok(cudaSetDevice(0), "cudaSetDevice");
         DecodeWorkload w(s, kRotationBytes, 1234);
-        const DecodeProblem prob{s.num_seqs, qh, w.args(0, nullptr).cache.layout, w.max_seq_len(), 0};
-        const DecodePlan plan = plan_decode(prob, dev.num_sms);
+        const DecodePlan plan = plan_decode(decode_problem(w.args(0, nullptr), w.max_seq_len()), cuda::decode_target());
         bf16* out = nullptr;
         float* ws = nullptr;
         cuda_ok(cudaMalloc(&out, size_t(s.num_seqs) * qh * hd * sizeof(bf16)), "cudaMalloc(out)");
@@ -225,9 +224,9 @@ int main(int argc, char** argv) {
             local.seq_len = std::max(local.seq_len, 1);
             DecodeWorkload w(local, kRotationBytes, 777 + uint64_t(r));
             const DecodeArgs a0 = w.args(0, nullptr);
-            const int32_t sms = cuda::device_info().num_sms;
-            const DecodeProblem prob{s.num_seqs, qh, a0.cache.layout, w.max_seq_len(), 0};
-            const int32_t ns = std::min(plan_decode(prob, sms).num_splits, kMaxSplits / N);
+            const int32_t ns =
+                std::min(plan_decode(decode_problem(a0, w.max_seq_len()), cuda::decode_target()).num_splits,
+                         kMaxSplits / N);
             const cp::CpLayout L = cp::make_layout(N, a0, ns, /*has_edge=*/false);
             out_r.splits = ns;
             if (r == 0) gather_bytes = L.rank_floats() * sizeof(float) * size_t(N);

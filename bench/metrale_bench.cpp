@@ -39,20 +39,31 @@ using metrale::bench::cuda_ok;
 using metrale::bench::split_list;
 
 struct Row {
-  std::string op, shape, note;
+  std::string op, shape, note, plan;
   int splits = 0;
   double us = 0, gbps = 0, frac = 0, err = -1;
 };
 
-// Times the decode of `w` with `num_splits` (cycling replicas inside one graph).
-double time_decode(const DecodeWorkload& w, int32_t num_splits, bf16* out, float* ws, size_t ws_bytes) {
-  const DecodePlan plan{num_splits, num_splits > 1 ? ws_bytes : 0};
+// Times the decode of `w` with `plan` (cycling replicas inside one graph).
+double time_decode(const DecodeWorkload& w, const DecodePlan& plan, bf16* out, float* ws, size_t ws_bytes) {
   const int per_graph = std::max(w.replicas(), std::min(20, 4 * w.replicas()));
   return metrale::bench::median_us_per_call(
       [&](int call, cudaStream_t s) {
-        cuda::run_decode(plan, w.args(call % w.replicas(), out), SplitKWorkspace{ws, ws_bytes, num_splits}, s);
+        cuda::run_decode(plan, w.args(call % w.replicas(), out), SplitKWorkspace{ws, ws_bytes, plan.num_splits}, s);
       },
       per_graph);
+}
+
+// The plan's decisions, as the rows report them.
+std::string describe(const DecodePlan& plan) {
+  return std::string(to_string(plan.merge)) + " " + to_string(plan.load_path) + (plan.pair_kv_heads ? " paired" : "");
+}
+
+template <class E>
+E choice(const std::string& name, std::initializer_list<std::pair<const char*, E>> choices) {
+  for (const auto& [n, e] : choices)
+    if (name == n) return e;
+  throw CLI::ValidationError("plan option", name);
 }
 
 }  // namespace
@@ -62,6 +73,7 @@ int main(int argc, char** argv) {
   std::string mode = "perf", op = "decode", formats = "bf16,fp8,nvfp4";
   std::string shapes = "1x1024,1x32768,16x8192,64x4096,128x2048,256x1024,32x32768";
   std::string heads = "32/8", csv_path, json_path;
+  std::string pairing = "automatic", load_path = "automatic", merge = "automatic";
   int head_dim = 128, block_size = 16, forced_splits = 0, window = 0;
   bool mixed = false;
   app.add_option("--mode", mode, "perf | oracle | check")->check(CLI::IsMember({"perf", "oracle", "check"}));
@@ -71,7 +83,14 @@ int main(int argc, char** argv) {
   app.add_option("--heads", heads, "QHEADS/KVHEADS");
   app.add_option("--head-dim", head_dim)->check(CLI::IsMember({64, 128, 256}));
   app.add_option("--block-size", block_size)->check(CLI::IsMember({16, 32, 64, 128}));
+  // Plan options (DecodePlanOptions): A/B runs force one decision at a time.
   app.add_option("--splits", forced_splits, "force num_splits (0 = planner)");
+  app.add_option("--pairing", pairing, "automatic | off | on (kv-head pairs at head_dim 64)")
+      ->check(CLI::IsMember({"automatic", "off", "on"}));
+  app.add_option("--load-path", load_path, "automatic | registers | tma")
+      ->check(CLI::IsMember({"automatic", "registers", "tma"}));
+  app.add_option("--merge", merge, "automatic | single_pass | cluster | workspace")
+      ->check(CLI::IsMember({"automatic", "single_pass", "cluster", "workspace"}));
   app.add_option("--window", window, "sliding window (0 = off)");
   app.add_flag("--mixed", mixed, "lengths uniform in [1, CONTEXT]");
   app.add_option("--csv", csv_path, "write rows as CSV");
@@ -89,6 +108,18 @@ int main(int argc, char** argv) {
               "empty kernel %.2f us per launch\n",
               dev.name.c_str(), dev.num_sms, ceiling, empty_us);
 
+  DecodePlanOptions options;
+  options.num_splits = forced_splits;
+  options.pairing = choice<DecodePairing>(
+      pairing, {{"automatic", DecodePairing::automatic}, {"off", DecodePairing::off}, {"on", DecodePairing::on}});
+  options.load_path = choice<DecodeLoadPath>(load_path, {{"automatic", DecodeLoadPath::automatic},
+                                                         {"registers", DecodeLoadPath::registers},
+                                                         {"tma", DecodeLoadPath::tma}});
+  options.merge = choice<DecodeMerge>(merge, {{"automatic", DecodeMerge::automatic},
+                                              {"single_pass", DecodeMerge::single_pass},
+                                              {"cluster", DecodeMerge::cluster},
+                                              {"workspace", DecodeMerge::workspace}});
+  const DecodeTarget target = cuda::decode_target();
   int qh = 32, kvh = 8;
   if (std::sscanf(heads.c_str(), "%d/%d", &qh, &kvh) != 2) throw CLI::ValidationError("--heads", heads);
   std::vector<Row> rows;
@@ -108,8 +139,14 @@ int main(int argc, char** argv) {
       s.sliding_window = window;
       s.mixed_lengths = mixed;
       DecodeWorkload w(s, kRotationBytes, 1234 + rows.size());
-      const DecodeProblem prob{s.num_seqs, s.num_q_heads, w.args(0, nullptr).cache.layout, w.max_seq_len(), window};
-      const DecodePlan plan = plan_decode(prob, dev.num_sms);
+      const DecodeProblem prob = decode_problem(w.args(0, nullptr), w.max_seq_len());
+      const DecodePlan plan = plan_decode(prob, target, options);
+      // The planner's own choice of splits with the forced options otherwise (oracle mode).
+      auto plan_with_splits = [&](int32_t ns) {
+        DecodePlanOptions o = options;
+        o.num_splits = ns;
+        return plan_decode(prob, target, o);
+      };
       const size_t max_ws = splitk_workspace_bytes(s.num_seqs, qh, head_dim, kMaxSplits);
       bf16* out = nullptr;
       float* ws = nullptr;
@@ -172,25 +209,27 @@ int main(int argc, char** argv) {
         cudaFree(value);
         cudaFree(slots);
       } else if (mode == "perf") {
-        const int32_t ns = forced_splits > 0 ? forced_splits : plan.num_splits;
-        rows.push_back(row_for(ns, time_decode(w, ns, out, ws, max_ws)));
+        rows.push_back(row_for(plan.num_splits, time_decode(w, plan, out, ws, max_ws)));
+        rows.back().plan = describe(plan);
       } else if (mode == "oracle") {
         double best_us = 1e30;
         int32_t best = 1;
         for (int32_t ns : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}) {
           if (ns > (w.max_seq_len() + block_size - 1) / block_size && ns > 1) break;
-          const double us = time_decode(w, ns, out, ws, max_ws);
+          const double us = time_decode(w, plan_with_splits(ns), out, ws, max_ws);
           if (us < best_us) best_us = us, best = ns;
         }
-        Row r = row_for(plan.num_splits, time_decode(w, plan.num_splits, out, ws, max_ws));
+        const DecodePlan planned = plan_with_splits(0);
+        Row r = row_for(planned.num_splits, time_decode(w, planned, out, ws, max_ws));
+        r.plan = describe(planned);
         char note[96];
         std::snprintf(note, sizeof note, "best: %d splits %.1f us (planner %+.1f%%)", best, best_us,
                       100.0 * (r.us / best_us - 1));
         r.note = note;
         rows.push_back(r);
       } else {  // check
-        const int32_t ns = forced_splits > 0 ? forced_splits : plan.num_splits;
-        cuda::run_decode(DecodePlan{ns, ns > 1 ? max_ws : 0}, w.args(0, out), SplitKWorkspace{ws, max_ws, ns});
+        const int32_t ns = plan.num_splits;
+        cuda::run_decode(plan, w.args(0, out), SplitKWorkspace{ws, max_ws, ns});
         std::vector<bf16> gpu(size_t(s.num_seqs) * qh * head_dim), ref(gpu.size());
         cuda_ok(cudaMemcpy(gpu.data(), out, gpu.size() * 2, cudaMemcpyDeviceToHost), "download out");
         DecodeWorkload::HostCopy h = w.download_replica0();
@@ -202,6 +241,7 @@ int main(int argc, char** argv) {
         a.seq_lens = h.seq_lens.data();
         cpu::paged_decode_attn(a);
         Row r = row_for(ns, 0);
+        r.plan = describe(plan);
         r.us = r.gbps = r.frac = 0;
         r.err = metrale::bench::max_rel_l2(gpu.data(), ref.data(), gpu.size(), head_dim);
         r.note = r.err <= 1e-2 ? "ok" : "FAIL";
@@ -210,18 +250,19 @@ int main(int argc, char** argv) {
       cudaFree(out);
       cudaFree(ws);
       const Row& r = rows.back();
-      std::printf("%-34s splits %3d  %9.1f us  %7.0f GB/s  %5.3f R  %s\n", r.shape.c_str(), r.splits, r.us, r.gbps,
-                  r.frac, r.err >= 0 ? (std::to_string(r.err) + " " + r.note).c_str() : r.note.c_str());
+      std::printf("%-34s splits %3d  %9.1f us  %7.0f GB/s  %5.3f R  %-28s %s\n", r.shape.c_str(), r.splits, r.us,
+                  r.gbps, r.frac, r.plan.c_str(),
+                  r.err >= 0 ? (std::to_string(r.err) + " " + r.note).c_str() : r.note.c_str());
       std::fflush(stdout);
     }
   }
 
   if (!csv_path.empty()) {
     std::ofstream f(csv_path);
-    f << "op,shape,splits,us,gbps,fraction_of_ceiling,ceiling_gbps,max_rel_err,note,empty_launch_us\n";
+    f << "op,shape,splits,us,gbps,fraction_of_ceiling,ceiling_gbps,max_rel_err,note,empty_launch_us,plan\n";
     for (const Row& r : rows)
       f << r.op << ",\"" << r.shape << "\"," << r.splits << "," << r.us << "," << r.gbps << "," << r.frac << ","
-        << ceiling << "," << r.err << ",\"" << r.note << "\"," << empty_us << "\n";
+        << ceiling << "," << r.err << ",\"" << r.note << "\"," << empty_us << ",\"" << r.plan << "\"\n";
   }
   if (!json_path.empty()) {
     nlohmann::json j;
@@ -230,7 +271,8 @@ int main(int argc, char** argv) {
     j["empty_launch_us"] = empty_us;
     for (const Row& r : rows)
       j["rows"].push_back({{"op", r.op}, {"shape", r.shape}, {"splits", r.splits}, {"us", r.us}, {"gbps", r.gbps},
-                           {"fraction_of_ceiling", r.frac}, {"max_rel_err", r.err}, {"note", r.note}});
+                           {"fraction_of_ceiling", r.frac}, {"max_rel_err", r.err}, {"note", r.note},
+                           {"plan", r.plan}});
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
   bool failed = false;

@@ -219,12 +219,16 @@ TEST(CpuDecode, ConcurrentCallersGetTheirOwnResults) {
     want.push_back(run_single(problems.back()));
   }
   std::vector<std::thread> threads;
+  DecodePlanOptions single;
+  single.num_splits = 1;
   for (int i = 0; i < 4; ++i)
     threads.emplace_back([&, i] {
+      const DecodePlan plan =
+          plan_decode(decode_problem(problems[i].args(nullptr)), cpu::decode_target(), single);
       for (int rep = 0; rep < 5; ++rep) {
         got[i] = poisoned_bf16(problems[i].out_elems());
         if (rep % 2) cpu::paged_decode_attn(problems[i].args(got[i].data()));
-        else cpu::run_decode(DecodePlan{1, 0}, problems[i].args(got[i].data()), SplitKWorkspace{});
+        else cpu::run_decode(plan, problems[i].args(got[i].data()), SplitKWorkspace{});
       }
     });
   for (std::thread& t : threads) t.join();
@@ -340,12 +344,15 @@ TEST(CpuDecode, RunDecodeWithPlannerPlan) {
         dp.num_q_heads = p.num_q_heads();
         dp.layout = p.layout;
         dp.max_seq_len = *std::max_element(lens.begin(), lens.end());
-        const DecodePlan plan = plan_decode(dp, sms);
+        DecodeTarget target = cpu::decode_target();
+        target.num_sms = sms;
+        const DecodePlan plan = plan_decode(dp, target);
         (plan.num_splits > 1 ? saw_split : saw_single) = true;
         SCOPED_TRACE("num_sms " + std::to_string(sms) + " num_splits " + std::to_string(plan.num_splits));
+        EXPECT_EQ(plan.merge, plan.num_splits > 1 ? DecodeMerge::workspace : DecodeMerge::single_pass);
         std::vector<float> ws(plan.workspace_bytes / sizeof(float) + 4);
         std::vector<bf16> out = poisoned_bf16(p.out_elems());
-        cpu::run_decode(plan, p.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, 1});
+        cpu::run_decode(plan, p.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
         EXPECT_EQ(count_poison(out.data(), out.size()), 0);
         expect_matches_reference(p, out, "run_decode");
       }

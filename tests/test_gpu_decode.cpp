@@ -25,37 +25,36 @@ struct RunResult {
 // Runs the decode on the device with `num_splits` (0 = single pass) and
 // returns the output; workspace and output live inside guard regions.
 // `planned`: through run_decode with a plan of num_splits (2..8 splits merge
-// inside a cluster of the split CTAs), else the split pass and the reduce
-// as separate calls.
-RunResult run_gpu(const HostProblem& hp, DeviceProblem& dp, int32_t num_splits, bool planned = false) {
+// inside a cluster of the split CTAs where the grid's clusters are resident),
+// else the split pass and the reduce as separate calls. `load`: a forced
+// load path (plans for every case, the workspace merge where not planned).
+RunResult run_gpu(const HostProblem& hp, DeviceProblem& dp, int32_t num_splits, bool planned = false,
+                  DecodeLoadPath load = DecodeLoadPath::automatic) {
   dp.poison_out();
   DecodeArgs args = dp.args();
-  bool ws_ok = true;
-  if (num_splits == 0) {
+  const int32_t ns = std::max(num_splits, 1);
+  const size_t bytes = splitk_workspace_bytes(hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, ns);
+  DeviceBuffer<float> ws(std::max<size_t>(bytes / sizeof(float), 1));
+  const SplitKWorkspace w{ws.get(), bytes, ns};
+  if (planned || load != DecodeLoadPath::automatic) {
+    DecodePlanOptions o;
+    o.num_splits = ns;
+    o.load_path = load;
+    if (!planned && num_splits > 0) o.merge = DecodeMerge::workspace;
+    cuda::run_decode(plan_decode(decode_problem(args), cuda::decode_target(), o), args, w);
+  } else if (num_splits == 0) {
     cuda::paged_decode_attn(args);
   } else {
-    const size_t bytes = splitk_workspace_bytes(hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, num_splits);
-    DeviceBuffer<float> ws(bytes / sizeof(float));
-    SplitKWorkspace w{ws.get(), bytes, num_splits};
-    if (planned) {
-      cuda::run_decode(DecodePlan{num_splits, bytes}, args, w);
-    } else {
-      cuda::paged_decode_attn_splitk(args, w);
-      ReduceArgs r{ws.get(), bytes, hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, num_splits, args.out};
-      cuda::paged_decode_attn_reduce(r);
-    }
-    ws_ok = ws.guards_intact();
+    cuda::paged_decode_attn_splitk(args, w);
+    ReduceArgs r{ws.get(), bytes, hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, num_splits, args.out};
+    cuda::paged_decode_attn_reduce(r);
   }
   METRALE_CUDA_OK(cudaDeviceSynchronize());
-  return {dp.download_out(), ws_ok && dp.out_guards_intact()};
+  return {dp.download_out(), ws.guards_intact() && dp.out_guards_intact()};
 }
 
-// Within its scope the CUDA decode takes the register-path kernel, the one
-// bf16 and fp8 fall back to where the driver cannot encode the TMA maps.
-struct RegisterPathScope {
-  RegisterPathScope() { setenv("METRALE_DECODE_NO_TMA", "1", 1); }
-  ~RegisterPathScope() { unsetenv("METRALE_DECODE_NO_TMA"); }
-};
+// The kernel bf16 and fp8 take where the driver cannot encode the TMA maps.
+constexpr DecodeLoadPath kRegisters = DecodeLoadPath::registers;
 
 void expect_matches(const HostProblem& hp, const std::vector<double>& ref, const RunResult& r, const std::string& what) {
   EXPECT_TRUE(r.guards_ok) << what << ": a guard region around the output or workspace was written";
@@ -107,10 +106,11 @@ TEST(GpuDecode, RandomizedMatrixSinglePassAndSplitK) {
     expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass");
     const int32_t pages = max_pages(hp);
     if (c.format != KvFormat::nvfp4) {
-      RegisterPathScope reg;
-      expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass, register path");
-      expect_matches(hp, ref, run_gpu(hp, dp, std::min(pages, kMaxSplits)), "split-K, register path");
-      expect_matches(hp, ref, run_gpu(hp, dp, int32_t(2 + rng() % 7), true), "cluster-merged split-K, register path");
+      expect_matches(hp, ref, run_gpu(hp, dp, 0, false, kRegisters), "single pass, register path");
+      expect_matches(hp, ref, run_gpu(hp, dp, std::min(pages, kMaxSplits), false, kRegisters),
+                     "split-K, register path");
+      expect_matches(hp, ref, run_gpu(hp, dp, int32_t(2 + rng() % 7), true, kRegisters),
+                     "cluster-merged split-K, register path");
     }
     for (int32_t ns : {1, 2, 3, pages, pages + 2, int32_t(1 + rng() % 40)})
       expect_matches(hp, ref, run_gpu(hp, dp, std::min(ns, kMaxSplits)), "split-K num_splits=" + std::to_string(ns));
@@ -141,11 +141,51 @@ TEST(GpuDecode, EveryNumSplitsUpToMoreThanPages) {
   }
 }
 
+// Every decision a plan can force (pairing, load path, merge, splits) gives
+// the reference's output: the paths a benchmark A/Bs are all correct.
+TEST(GpuDecode, EveryForcedPlanOption) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const DecodeTarget target = cuda::decode_target();
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    DecodeCase c;
+    c.format = f;
+    c.head_dim = 64;
+    c.num_kv_heads = 4;
+    c.group = 2;  // pairs allowed: 2 * group <= 8
+    c.seq_lens = {0, 1, 37, 300, 1000};
+    const HostProblem hp = make_problem(c, seed + int(f));
+    const std::vector<double> ref = reference_decode(hp);
+    DeviceProblem dp(hp);
+    const DecodeArgs args = dp.args();
+    for (DecodePairing pairing : {DecodePairing::off, DecodePairing::on})
+      for (DecodeLoadPath load : {DecodeLoadPath::registers, DecodeLoadPath::tma})
+        for (DecodeMerge merge : {DecodeMerge::single_pass, DecodeMerge::workspace, DecodeMerge::cluster})
+          for (int32_t ns : {1, 3, 8}) {
+            if (load == DecodeLoadPath::tma && f == KvFormat::nvfp4) continue;
+            if ((merge == DecodeMerge::single_pass) != (ns == 1) || (merge == DecodeMerge::cluster && ns == 1))
+              continue;
+            DecodePlanOptions o{ns, pairing, load, merge};
+            const DecodePlan plan = plan_decode(decode_problem(args), target, o);
+            const std::string what = std::string(to_string(f)) + (plan.pair_kv_heads ? " paired " : " ") +
+                                     to_string(plan.load_path) + " " + to_string(plan.merge) + " splits " +
+                                     std::to_string(ns);
+            EXPECT_EQ(plan.pair_kv_heads, pairing == DecodePairing::on) << what;
+            EXPECT_EQ(plan.merge, merge) << what;
+            dp.poison_out();
+            DeviceBuffer<float> ws(std::max<size_t>(plan.workspace_bytes / sizeof(float), 1));
+            cuda::run_decode(plan, args, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
+            METRALE_CUDA_OK(cudaDeviceSynchronize());
+            expect_matches(hp, ref, {dp.download_out(), ws.guards_intact() && dp.out_guards_intact()}, what);
+          }
+  }
+}
+
 TEST(GpuDecode, PlannerRunsEveryBatchShape) {
   METRALE_SKIP_WITHOUT_GPU();
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const int32_t sms = cuda::device_info().num_sms;
   for (auto [n, len] : std::vector<std::pair<int, int>>{{1, 8000}, {2, 3000}, {40, 300}, {300, 40}}) {
     for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
       DecodeCase c;
@@ -155,10 +195,10 @@ TEST(GpuDecode, PlannerRunsEveryBatchShape) {
       c.seq_lens.assign(n, len);
       c.seq_lens[0] = len / 3;
       const HostProblem hp = make_problem(c, seed + n + int(f));
-      DecodeProblem prob{hp.num_seqs(), hp.num_q_heads(), hp.layout, len, 0};
-      const DecodePlan plan = plan_decode(prob, sms);
-      SCOPED_TRACE(c.describe() + " planned splits " + std::to_string(plan.num_splits));
       DeviceProblem dp(hp);
+      const DecodePlan plan = plan_decode(decode_problem(dp.args(), len), cuda::decode_target());
+      SCOPED_TRACE(c.describe() + " planned splits " + std::to_string(plan.num_splits) + ", merge " +
+                   to_string(plan.merge) + ", load " + to_string(plan.load_path));
       dp.poison_out();
       DeviceBuffer<float> ws(std::max<size_t>(plan.workspace_bytes / sizeof(float), 1));
       cuda::run_decode(plan, dp.args(), SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
@@ -302,9 +342,8 @@ TEST(GpuDecode, HeadDim64PairsOfKvHeads) {
       expect_matches(hp, ref, run_gpu(hp, dp, 5), "split-K, 5 splits");
       expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "run_decode, 2 splits (cluster merge)");
       if (f != KvFormat::nvfp4) {
-        RegisterPathScope reg;
-        expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass, register path");
-        expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "run_decode, 2 splits, register path");
+        expect_matches(hp, ref, run_gpu(hp, dp, 0, false, kRegisters), "single pass, register path");
+        expect_matches(hp, ref, run_gpu(hp, dp, 2, true, kRegisters), "run_decode, 2 splits, register path");
       }
       EXPECT_TRUE(dp.inputs_intact()) << "a kernel wrote into its inputs or their guards";
       if (HasFailure()) return;

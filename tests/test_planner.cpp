@@ -30,6 +30,22 @@ DecodeProblem problem(int32_t seqs, int32_t kv_heads, int32_t group, int32_t max
   return p;
 }
 
+// A target of `sms` SMs without TMA or clusters (the split rule alone).
+DecodePlan plan_for(const DecodeProblem& p, int32_t sms, const DecodePlanOptions& o = {}) {
+  DecodeTarget t;
+  t.num_sms = sms;
+  return plan_decode(p, t, o);
+}
+
+// An H200-like target: TMA, and `resident` clusters of any size resident at once.
+DecodeTarget gpu_like(int64_t resident) {
+  DecodeTarget t;
+  t.num_sms = kH200Sms;
+  t.tma = true;
+  t.resident_clusters = [resident](const DecodeKernelId&, int32_t) { return resident; };
+  return t;
+}
+
 void expect_well_formed(const DecodeProblem& p, const DecodePlan& plan) {
   EXPECT_GE(plan.num_splits, 1);
   EXPECT_LE(plan.num_splits, kMaxSplits);
@@ -44,7 +60,7 @@ TEST(Planner, SinglePassWhenTheBatchFillsTheMachine) {
   for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4})
     for (int32_t len : {100, 4096, 131072}) {
       const DecodeProblem p = problem(256, 8, 4, len, 0, f);
-      const DecodePlan plan = plan_decode(p, kH200Sms);
+      const DecodePlan plan = plan_for(p, kH200Sms);
       EXPECT_EQ(plan.num_splits, 1) << "len " << len;
       expect_well_formed(p, plan);
     }
@@ -53,14 +69,14 @@ TEST(Planner, SinglePassWhenTheBatchFillsTheMachine) {
 TEST(Planner, SplitsBatchOneLongContexts) {
   for (int32_t len : {8192, 32768, 131072}) {
     const DecodeProblem p = problem(1, 8, 4, len);
-    const DecodePlan plan = plan_decode(p, kH200Sms);
+    const DecodePlan plan = plan_for(p, kH200Sms);
     EXPECT_GT(plan.num_splits, 1) << "len " << len;
     expect_well_formed(p, plan);
   }
   // Longer contexts never get fewer splits.
   int32_t prev = 0;
   for (int32_t len = 512; len <= (1 << 20); len *= 2) {
-    const DecodePlan plan = plan_decode(problem(1, 2, 8, len), kH200Sms);
+    const DecodePlan plan = plan_for(problem(1, 2, 8, len), kH200Sms);
     EXPECT_GE(plan.num_splits, prev) << "len " << len;
     prev = plan.num_splits;
   }
@@ -72,21 +88,21 @@ TEST(Planner, SplitsBatchOneLongContexts) {
 // per split, so twice the splits of head_dim 128, at most 2.
 TEST(Planner, HeadDim64CountsPairsOfKvHeads) {
   for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
-    EXPECT_EQ(plan_decode(problem(32, 8, 4, 32768, 0, f, 64), kH200Sms).num_splits, 2);
-    EXPECT_EQ(plan_decode(problem(32, 8, 4, 32768, 0, f, 128), kH200Sms).num_splits, 1);
+    EXPECT_EQ(plan_for(problem(32, 8, 4, 32768, 0, f, 64), kH200Sms).num_splits, 2);
+    EXPECT_EQ(plan_for(problem(32, 8, 4, 32768, 0, f, 128), kH200Sms).num_splits, 1);
     // Smaller batches and groups of 8 keep one kv head per CTA.
     for (auto [seqs, group] : std::vector<std::pair<int32_t, int32_t>>{{16, 4}, {1, 4}, {32, 8}})
-      EXPECT_EQ(plan_decode(problem(seqs, 8, group, 32768, 0, f, 64), kH200Sms).num_splits,
-                plan_decode(problem(seqs, 8, group, 32768, 0, f, 128), kH200Sms).num_splits)
+      EXPECT_EQ(plan_for(problem(seqs, 8, group, 32768, 0, f, 64), kH200Sms).num_splits,
+                plan_for(problem(seqs, 8, group, 32768, 0, f, 128), kH200Sms).num_splits)
           << seqs << " seqs, group " << group;
   }
 }
 
 TEST(Planner, ShortContextsAreNotCutIntoTinyPieces) {
   for (int32_t len : {0, 1, 16, 100, 255})
-    EXPECT_EQ(plan_decode(problem(1, 1, 1, len), kH200Sms).num_splits, 1) << "len " << len;
+    EXPECT_EQ(plan_for(problem(1, 1, 1, len), kH200Sms).num_splits, 1) << "len " << len;
   // A sliding window bounds the attended length whatever the context.
-  const DecodePlan windowed = plan_decode(problem(1, 8, 4, 1 << 20, 128), kH200Sms);
+  const DecodePlan windowed = plan_for(problem(1, 8, 4, 1 << 20, 128), kH200Sms);
   EXPECT_EQ(windowed.num_splits, 1);
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -94,7 +110,7 @@ TEST(Planner, ShortContextsAreNotCutIntoTinyPieces) {
   for (int i = 0; i < 500; ++i) {
     const int32_t len = int32_t(rng() % 200000), window = (rng() % 3 == 0) ? int32_t(rng() % 5000) : 0;
     const DecodeProblem p = problem(1 + int32_t(rng() % 64), 1 + int32_t(rng() % 8), 1 << (rng() % 4), len, window);
-    const DecodePlan plan = plan_decode(p, 1 + int32_t(rng() % 200));
+    const DecodePlan plan = plan_for(p, 1 + int32_t(rng() % 200));
     expect_well_formed(p, plan);
     const int64_t attended = window > 0 ? std::min<int64_t>(len, window + 16) : len;
     if (plan.num_splits > 1) {
@@ -111,24 +127,70 @@ TEST(Planner, NumSplitsWithinBoundsAndDeterministic) {
     const DecodeProblem p =
         problem(int32_t(rng() % 300), 1 + int32_t(rng() % 16), 1 + int32_t(rng() % 8), int32_t(rng() % (1 << 22)));
     const int32_t sms = 1 + int32_t(rng() % 1000);
-    const DecodePlan a = plan_decode(p, sms), b = plan_decode(p, sms);
+    const DecodePlan a = plan_for(p, sms), b = plan_for(p, sms);
     expect_well_formed(p, a);
     EXPECT_EQ(a.num_splits, b.num_splits);
     EXPECT_EQ(a.workspace_bytes, b.workspace_bytes);
   }
   // Even an extreme machine with one huge sequence stays within kMaxSplits.
-  EXPECT_LE(plan_decode(problem(1, 1, 1, 1 << 30), 100000).num_splits, kMaxSplits);
+  EXPECT_LE(plan_for(problem(1, 1, 1, 1 << 30), 100000).num_splits, kMaxSplits);
   // An empty batch is a single pass with no workspace.
-  const DecodePlan empty = plan_decode(problem(0, 8, 4, 4096), kH200Sms);
+  const DecodePlan empty = plan_for(problem(0, 8, 4, 4096), kH200Sms);
   EXPECT_EQ(empty.num_splits, 1);
   EXPECT_EQ(empty.workspace_bytes, 0u);
+}
+
+// The plan records each decision the launcher acts on, and the grid it
+// counts is the kernel's: (sequence, kv unit, q-head tile) x splits.
+TEST(Planner, RecordsLoadPathMergeAndGrid) {
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    // 1 x 8192, 8 kv heads of 4 q heads: 8 CTAs per split, so splits.
+    const DecodeProblem p = problem(1, 8, 4, 8192, 0, f);
+    const DecodePlan resident = plan_decode(p, gpu_like(1000));
+    EXPECT_EQ(resident.load_path, f == KvFormat::nvfp4 ? DecodeLoadPath::registers : DecodeLoadPath::tma);
+    EXPECT_EQ(resident.ctas_per_seq, 8);
+    EXPECT_EQ(resident.grid_x(1), 8);
+    ASSERT_GT(resident.num_splits, 1);
+    if (resident.num_splits <= 8) {
+      EXPECT_EQ(resident.merge, DecodeMerge::cluster);
+      EXPECT_EQ(resident.workspace_bytes, 0u);  // merged in shared memory
+    }
+    // Not every cluster resident at once: the workspace and the reduce.
+    const DecodePlan waves = plan_decode(p, gpu_like(4));
+    EXPECT_EQ(waves.merge, DecodeMerge::workspace);
+    EXPECT_EQ(waves.workspace_bytes, splitk_workspace_bytes(1, 32, 128, waves.num_splits));
+    // A target without TMA or clusters.
+    const DecodePlan plain = plan_for(p, kH200Sms);
+    EXPECT_EQ(plain.load_path, DecodeLoadPath::registers);
+    EXPECT_EQ(plain.merge, DecodeMerge::workspace);
+    // Forced options win where they can run.
+    DecodePlanOptions o;
+    o.num_splits = 3;
+    o.load_path = DecodeLoadPath::registers;
+    o.merge = DecodeMerge::workspace;
+    const DecodePlan forced = plan_decode(p, gpu_like(1000), o);
+    EXPECT_EQ(forced.num_splits, 3);
+    EXPECT_EQ(forced.load_path, DecodeLoadPath::registers);
+    EXPECT_EQ(forced.merge, DecodeMerge::workspace);
+    o.merge = DecodeMerge::cluster;
+    EXPECT_EQ(plan_decode(p, gpu_like(1), o).merge, DecodeMerge::cluster);
+  }
+  // Group of 12: two q-head tiles per kv head; paired heads halve the units.
+  EXPECT_EQ(plan_for(problem(1, 2, 12, 100), kH200Sms).ctas_per_seq, 4);
+  DecodePlanOptions pair;
+  pair.pairing = DecodePairing::on;
+  const DecodePlan paired = plan_for(problem(1, 8, 2, 100, 0, KvFormat::fp8_e4m3, 64), kH200Sms, pair);
+  EXPECT_TRUE(paired.pair_kv_heads);
+  EXPECT_EQ(paired.kv_units, 4);
+  EXPECT_EQ(paired.unit_group, 4);
+  EXPECT_EQ(paired.kernel().head_dim, 128);
 }
 
 TEST(Planner, MoreSmsNeverMeanFewerSplits) {
   const DecodeProblem p = problem(2, 4, 8, 65536);
   int32_t prev = 1;
   for (int32_t sms = 1; sms <= 512; sms *= 2) {
-    const int32_t n = plan_decode(p, sms).num_splits;
+    const int32_t n = plan_for(p, sms).num_splits;
     EXPECT_GE(n, prev) << sms << " SMs";
     prev = n;
   }

@@ -105,7 +105,10 @@ void expect_decode_invalid(KvFormat f, const std::function<void(DecodeArgs&)>& m
   const SplitKWorkspace ws = fx.workspace();
   auto single = [&] { cpu::paged_decode_attn(a); };
   auto split = [&] { cpu::paged_decode_attn_splitk(a, ws); };
-  auto run = [&] { cpu::run_decode(DecodePlan{2, ws.bytes}, a, ws); };
+  DecodePlanOptions two;
+  two.num_splits = 2;
+  const DecodePlan plan = plan_decode(decode_problem(fx.args()), cpu::decode_target(), two);
+  auto run = [&] { cpu::run_decode(plan, a, ws); };
   std::vector<std::function<void()>> calls{single, run};
   if (!split_pass_unaffected) calls.push_back(split);
   for (const auto& call : calls) {
@@ -228,10 +231,36 @@ TEST(Validation, SplitKWorkspace) {
     expect_invalid(splitk(ws), "num_splits", "num_splits " + std::to_string(n));
   }
   // A plan the workspace cannot hold, and a malformed plan.
-  expect_invalid([&] { cpu::run_decode(DecodePlan{200, 0}, a, fx.workspace()); }, "workspace_bytes",
+  DecodePlanOptions many;
+  many.num_splits = 200;
+  const DecodePlan big = plan_decode(decode_problem(a), cpu::decode_target(), many);
+  expect_invalid([&] { cpu::run_decode(big, a, fx.workspace()); }, "workspace_bytes",
                  "run_decode: workspace too small for the plan");
-  expect_invalid([&] { cpu::run_decode(DecodePlan{0, 0}, a, fx.workspace()); }, "num_splits",
+  DecodePlan malformed = plan_decode(decode_problem(a), cpu::decode_target());
+  malformed.num_splits = 0;
+  expect_invalid([&] { cpu::run_decode(malformed, a, fx.workspace()); }, "num_splits",
                  "run_decode: plan num_splits 0");
+  // A plan made for other heads, another layout or fewer sequences.
+  DecodeProblem other = decode_problem(a);
+  other.num_q_heads *= 2;
+  expect_invalid([&] { cpu::run_decode(plan_decode(other, cpu::decode_target()), a, fx.workspace()); },
+                 "num_q_heads", "run_decode: plan for other q heads");
+  other = decode_problem(a);
+  other.layout = KvCacheLayout::bf16(a.cache.layout.num_blocks, a.cache.layout.block_size,
+                                     a.cache.layout.num_kv_heads, 2 * a.cache.layout.head_dim);
+  expect_invalid([&] { cpu::run_decode(plan_decode(other, cpu::decode_target()), a, fx.workspace()); }, "plan",
+                 "run_decode: plan for another layout");
+  other = decode_problem(a);
+  other.num_seqs = a.num_seqs - 1;
+  expect_invalid([&] { cpu::run_decode(plan_decode(other, cpu::decode_target()), a, fx.workspace()); },
+                 "num_seqs", "run_decode: plan for fewer sequences");
+  // The workspace laid out for another split count than the plan's.
+  SplitKWorkspace mislaid = fx.workspace();
+  mislaid.num_splits = 1;
+  DecodePlanOptions three;
+  three.num_splits = 3;
+  expect_invalid([&] { cpu::run_decode(plan_decode(decode_problem(a), cpu::decode_target(), three), a, mislaid); },
+                 "workspace.num_splits", "run_decode: workspace of another split count");
   EXPECT_TRUE(fx.output_untouched());
 }
 
@@ -357,20 +386,41 @@ TEST(Validation, Planner) {
   dp.num_q_heads = 8;
   dp.layout = KvCacheLayout::bf16(100, 16, 2, 128);
   dp.max_seq_len = 1000;
-  EXPECT_NO_THROW(plan_decode(dp, 132));
-  expect_invalid([&] { plan_decode(dp, 0); }, "num_sms", "0 SMs");
+  auto sms = [](int32_t n) {
+    DecodeTarget t;
+    t.num_sms = n;
+    return t;
+  };
+  EXPECT_NO_THROW(plan_decode(dp, sms(132)));
+  expect_invalid([&] { plan_decode(dp, sms(0)); }, "num_sms", "0 SMs");
   DecodeProblem bad = dp;
   bad.num_q_heads = 7;
-  expect_invalid([&] { plan_decode(bad, 132); }, "num_q_heads", "num_q_heads not a multiple");
+  expect_invalid([&] { plan_decode(bad, sms(132)); }, "num_q_heads", "num_q_heads not a multiple");
   bad = dp;
   bad.max_seq_len = -1;
-  expect_invalid([&] { plan_decode(bad, 132); }, "max_seq_len", "negative max_seq_len");
+  expect_invalid([&] { plan_decode(bad, sms(132)); }, "max_seq_len", "negative max_seq_len");
   bad = dp;
   bad.sliding_window = -4;
-  expect_invalid([&] { plan_decode(bad, 132); }, "sliding_window", "negative window");
+  expect_invalid([&] { plan_decode(bad, sms(132)); }, "sliding_window", "negative window");
   bad = dp;
   bad.layout.head_dim = 96;
-  expect_unsupported([&] { plan_decode(bad, 132); }, "head_dim", "head_dim 96");
+  expect_unsupported([&] { plan_decode(bad, sms(132)); }, "head_dim", "head_dim 96");
+  // Forced choices the problem or the target cannot run.
+  DecodePlanOptions o;
+  o.num_splits = kMaxSplits + 1;
+  expect_invalid([&] { plan_decode(dp, sms(132), o); }, "num_splits", "num_splits past kMaxSplits");
+  o = {};
+  o.pairing = DecodePairing::on;
+  expect_unsupported([&] { plan_decode(dp, sms(132), o); }, "pairing", "pairing at head_dim 128");
+  o = {};
+  o.load_path = DecodeLoadPath::tma;
+  expect_unsupported([&] { plan_decode(dp, sms(132), o); }, "load_path", "tma on a target without TMA");
+  o = {};
+  o.num_splits = 4;
+  o.merge = DecodeMerge::cluster;
+  expect_unsupported([&] { plan_decode(dp, sms(132), o); }, "merge", "cluster on a target without clusters");
+  o.merge = DecodeMerge::single_pass;
+  expect_invalid([&] { plan_decode(dp, sms(132), o); }, "merge", "single pass with 4 splits");
 }
 
 // ---- the debug block-table validator ----

@@ -24,11 +24,18 @@ int64_t reshape_and_cache(const CacheWriteArgs& args);
 // before the first batch). NaNs are ignored.
 void bf16_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, float* absmax);
 
+// This backend as the planner sees it: its worker threads, no TMA, no
+// clusters. plan_decode(problem, cpu::decode_target()).
+DecodeTarget decode_target();
+
+// Single pass or split-K + reduce, as the plan says (a cluster merge is the
+// CUDA backend's: plans for this backend come from cpu::decode_target()).
+void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws);
+
+// Forced plans: single pass; the split-K pass of ws.num_splits splits into
+// the workspace only (merge it with paged_decode_attn_reduce).
 void paged_decode_attn(const DecodeArgs& args);
 void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws);
 void paged_decode_attn_reduce(const ReduceArgs& args);
-
-// Single pass or split-K + reduce, as the plan says.
-void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws);
 
 }  // namespace metrale::cpu

@@ -35,10 +35,19 @@ void reshape_and_cache(const CacheWriteArgs& args, Stream stream = nullptr);
 void bf16_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, float* absmax,
                  Stream stream = nullptr);
 
+// The current GPU as the planner sees it: SM count, TMA, cluster residency
+// of each decode kernel. plan_decode(problem, cuda::decode_target()).
+DecodeTarget decode_target();
+
+// Launches what the plan says (plan.hpp): the decode kernel, and the reduce
+// where the plan merges through the workspace (`ws`: plan.workspace_bytes,
+// laid out for plan.num_splits; unused by the other plans).
+void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
+
+// Forced plans: single pass; the split-K pass of ws.num_splits splits into
+// the workspace only (merge it with paged_decode_attn_reduce).
 void paged_decode_attn(const DecodeArgs& args, Stream stream = nullptr);
 void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
 void paged_decode_attn_reduce(const ReduceArgs& args, Stream stream = nullptr);
-
-void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
 
 }  // namespace metrale::cuda

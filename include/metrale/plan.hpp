@@ -1,12 +1,19 @@
-// The split planner: one decision function that picks single pass or split-K
-// and num_splits for a decode batch (SYSTEM.md 1), used by both backends.
+// The decode plan: every launch decision of one decode batch shape (single
+// pass or split-K and num_splits, kv-head pairing, load path, how splits
+// merge, the grid, the workspace), made by ONE function, plan_decode. The
+// support check, the workspace sizing and both backends' launchers all go
+// through it; run_decode launches what the plan says and decides nothing.
 //
-// Host-only and cheap: call it once per batch shape, reuse the plan for every
-// layer; running a plan never allocates or synchronises.
+// Host-only and cheap: plan once per batch shape, reuse the plan for every
+// layer; running a plan never allocates or synchronises. A plan made for
+// num_seqs sequences runs any batch of the same heads and layout with at
+// most num_seqs sequences and any lengths (the plan is a performance
+// choice, not a correctness one).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "metrale/cache.hpp"
 #include "metrale/ops.hpp"
@@ -21,14 +28,74 @@ struct DecodeProblem {
   int32_t sliding_window = 0;  // 0 = off
 };
 
-struct DecodePlan {
-  int32_t num_splits = 1;      // 1 = single pass (no workspace, no reduce)
-  size_t workspace_bytes = 0;  // f32 split-K workspace the run needs
+// The problem of a call's arguments. `max_seq_len` < 0: the block table's
+// capacity (max_blocks_per_seq * block_size), an upper bound of every length.
+DecodeProblem decode_problem(const DecodeArgs& args, int32_t max_seq_len = -1);
+
+// How a CTA brings K/V tiles to its registers: straight from global memory,
+// or through TMA copies into a shared-memory ring (bf16 and fp8 only).
+enum class DecodeLoadPath : uint8_t { automatic, registers, tma };
+// How the splits of a split-K plan merge: none (single pass), inside a
+// thread-block cluster of the split CTAs through distributed shared memory,
+// or through the f32 workspace and the reduce kernel.
+enum class DecodeMerge : uint8_t { automatic, single_pass, cluster, workspace };
+// Whether a CTA serves two adjacent kv heads of head_dim 64 as one of 128.
+enum class DecodePairing : uint8_t { automatic, off, on };
+
+const char* to_string(DecodeLoadPath p);
+const char* to_string(DecodeMerge m);
+
+// Decisions a caller (a benchmark, a test, a forced entry point) takes
+// instead of the planner; `automatic` / 0 leave them to it. A forced choice
+// the problem or the target cannot run throws Unsupported.
+struct DecodePlanOptions {
+  int32_t num_splits = 0;  // 0 = the planner's; 1 = single pass; up to kMaxSplits
+  DecodePairing pairing = DecodePairing::automatic;
+  DecodeLoadPath load_path = DecodeLoadPath::automatic;
+  DecodeMerge merge = DecodeMerge::automatic;
 };
 
-// `num_sms`: multiprocessors of the target GPU (the CPU backend passes its
-// thread count). Throws InvalidArgument on a malformed problem.
-DecodePlan plan_decode(const DecodeProblem& problem, int32_t num_sms);
+// One decode kernel instantiation: format x the kernel's head_dim (128 for a
+// pair of 64) x load path x pairing.
+struct DecodeKernelId {
+  KvFormat format = KvFormat::bf16;
+  int32_t head_dim = 0;
+  DecodeLoadPath load_path = DecodeLoadPath::registers;
+  bool pair_kv_heads = false;
+};
+
+// What the planner knows of the machine that runs the plan:
+// cuda::decode_target() (the current GPU) or cpu::decode_target().
+struct DecodeTarget {
+  int32_t num_sms = 0;  // multiprocessors (the CPU backend: worker threads)
+  bool tma = false;     // TMA tensor maps can be encoded (the driver's encoder is there)
+  // Most clusters of `cluster_size` CTAs of `kernel` resident on the GPU at
+  // once; empty or 0: no cluster launches.
+  std::function<int64_t(const DecodeKernelId& kernel, int32_t cluster_size)> resident_clusters;
+};
+
+struct DecodePlan {
+  DecodeProblem problem;                                // what it was made for
+  int32_t num_splits = 1;                               // 1 = single pass
+  bool pair_kv_heads = false;                           // CTAs serve kv-head pairs (head_dim 64)
+  DecodeLoadPath load_path = DecodeLoadPath::registers;
+  DecodeMerge merge = DecodeMerge::single_pass;
+  // The grid: (num_seqs * ctas_per_seq, num_splits), clusters of num_splits
+  // CTAs along y when merge == cluster. A CTA serves one (sequence, kv head
+  // or head pair, tile of geometry::kDecodeQHeadsPerCta q heads, split).
+  int32_t kv_units = 0;      // kv heads (or pairs) per sequence
+  int32_t unit_group = 0;    // q heads per kv unit
+  int32_t head_tiles = 0;    // q-head tiles per kv unit
+  int64_t ctas_per_seq = 0;  // kv_units * head_tiles
+  size_t workspace_bytes = 0;  // f32 split-K workspace the run needs (merge == workspace), else 0
+
+  DecodeKernelId kernel() const;
+  int64_t grid_x(int32_t num_seqs) const { return int64_t(num_seqs) * ctas_per_seq; }
+};
+
+// The one decision function. Throws InvalidArgument on a malformed problem
+// or target and Unsupported on a forced choice that cannot run.
+DecodePlan plan_decode(const DecodeProblem& problem, const DecodeTarget& target, const DecodePlanOptions& options = {});
 
 // Debug validator (SYSTEM.md 6): checks, on host copies, that every length is
 // in [0, max_blocks_per_seq * block_size] and that every page a sequence

@@ -129,8 +129,12 @@ def decode(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_lens: 
     to positions ``[max(0, L-W), L)``; ``sm_scale`` defaults to 1/sqrt(head_dim).
     Returns out.
     """
-    return _decode(0, q, cache, block_tables, seq_lens, out, None, 1, sliding_window, sm_scale, num_q_heads,
-                   stream)
+    view, hq, D = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
+    out = _decode_out(q, out, hq, D)
+    _metrale.decode_single(_dl(q), hq, view.layout, _dl(view.k), _dl(view.v), view.scales, _dl(block_tables),
+                           _dl(seq_lens), _check_window(sliding_window), _sm_scale(sm_scale, D), _dl(out),
+                           _stream_handle(q, stream))
+    return out
 
 
 def decode_splitk(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_lens: ArrayLike,
@@ -143,8 +147,11 @@ def decode_splitk(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq
     :func:`decode_reduce`. Returns workspace.
     """
     _check_splits(num_splits)
-    _decode(1, q, cache, block_tables, seq_lens, None, workspace, num_splits, sliding_window, sm_scale,
-            num_q_heads, stream)
+    view, hq, D = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
+    _require_writable(workspace, "workspace")
+    _metrale.decode_splitk(_dl(q), hq, view.layout, _dl(view.k), _dl(view.v), view.scales, _dl(block_tables),
+                           _dl(seq_lens), _check_window(sliding_window), _sm_scale(sm_scale, D), _dl(workspace),
+                           int(num_splits), _stream_handle(q, stream))
     return workspace
 
 
@@ -175,24 +182,19 @@ def _check_splits(num_splits: Any) -> None:
         raise ValueError(f"'num_splits' = {num_splits!r}; expected an int in [1, {MAX_SPLITS}]")
 
 
-def _decode(kind, q, cache, block_tables, seq_lens, out, workspace, num_splits, sliding_window, sm_scale,
-            num_q_heads, stream):
+def _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads):
+    """The view, q heads and head_dim of a decode call, its arrays checked."""
     view = _as_view(cache)
     for a, n in ((q, "q"), (block_tables, "block_tables"), (seq_lens, "seq_lens")):
         _require_array(a, n)
-    if workspace is not None:
-        _require_writable(workspace, "workspace")
     D = int(view.layout.head_dim)
-    hq = _q_heads(q, D, num_q_heads)
-    if kind != 1:
-        if out is None:
-            out = _default_out(q, hq, D)
-        else:
-            _require_writable(out, "out")
-    _metrale.decode(kind, _dl(q), hq, view.layout, _dl(view.k), _dl(view.v), view.scales, _dl(block_tables),
-                    _dl(seq_lens), _check_window(sliding_window), _sm_scale(sm_scale, D),
-                    _dl(out if kind != 1 else workspace), None if workspace is None else _dl(workspace),
-                    int(num_splits), _stream_handle(q, stream))
+    return view, _q_heads(q, D, num_q_heads), D
+
+
+def _decode_out(q, out, num_q_heads, head_dim):
+    if out is None:
+        return _default_out(q, num_q_heads, head_dim)
+    _require_writable(out, "out")
     return out
 
 
@@ -202,9 +204,6 @@ def validate_block_tables(layout: KvCacheLayout, block_tables: ArrayLike, seq_le
     every attended page a valid page of the cache. Raises ValueError naming the first bad sequence."""
     layout = _layout_of(layout)
     _metrale.validate_block_tables(layout, block_tables, seq_lens, _check_window(sliding_window))
-
-
-
 
 
 def cuda_available() -> bool:

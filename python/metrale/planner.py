@@ -1,4 +1,4 @@
-"""Planner: the split plan of one decode batch shape, made once and reused for every layer."""
+"""Planner: the decode plan of one batch shape, made once and reused for every layer."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 
 from . import _metrale
 from ._metrale import KvCacheLayout
-from ._arrays import _DLPACK_CPU, _DLPACK_CUDA, ArrayLike, _device_of, _empty, _parse_device, _require_array
-from .ops import _check_window, _decode
+from ._arrays import (_DLPACK_CPU, _DLPACK_CUDA, ArrayLike, _device_of, _dl, _empty, _parse_device, _require_array,
+                      _stream_handle)
+from .ops import _check_window, _decode_inputs, _decode_out, _sm_scale
 from .view import KVCacheView, _as_view, _layout_of
 
 if TYPE_CHECKING:
@@ -17,21 +18,29 @@ if TYPE_CHECKING:
 
 
 class Planner:
-    """Split plan for one decode batch shape, made once and reused for every layer.
+    """The decode plan of one batch shape, made once and reused for every layer.
 
     ``Planner(num_seqs, num_q_heads, layout, max_seq_len, sliding_window=0, device="cpu")``
-    picks single pass or split-K and ``num_splits`` from the batch and the
-    target (the GPU's SM count on CUDA, the thread count on CPU), and owns a
-    split-K workspace of ``workspace_bytes`` on `device` (allocated once here,
-    never in ``run``). ``run`` enqueues the decode (split-K + reduce when
-    ``num_splits > 1``) without synchronising or allocating when ``out`` is
-    given, so it can be captured in a CUDA graph. A batch of up to
-    ``num_seqs`` sequences and any lengths may run on one plan (the plan is a
-    performance choice, not a correctness one).
+    makes a :class:`DecodePlan` (``self.plan``) for the target: the GPU on
+    CUDA (its SMs, TMA, cluster residency), the thread pool on CPU. The plan
+    carries every launch decision: ``num_splits``, ``merge`` ("single_pass",
+    "cluster" or "workspace"), ``load_path``, ``pair_kv_heads``, ``grid``,
+    ``workspace_bytes``. The keyword options force a decision (benchmarks,
+    tests): ``num_splits`` (0 = planner), ``pairing`` ("automatic", "off",
+    "on"), ``load_path`` ("automatic", "registers", "tma"), ``merge``
+    ("automatic", "single_pass", "cluster", "workspace"). The planner owns
+    the split-K workspace the plan needs on `device` (allocated once here,
+    never in ``run``). ``run`` enqueues what the plan says without
+    synchronising or allocating when ``out`` is given, so it can be captured
+    in a CUDA graph. A batch of up to ``num_seqs`` sequences and any lengths
+    may run on one plan (the plan is a performance choice, not a correctness
+    one).
     """
 
     def __init__(self, num_seqs: int, num_q_heads: int, layout: Union[KvCacheLayout, KVCacheView, "PagedKVCache"],
-                 max_seq_len: int, sliding_window: int = 0, device: Any = "cpu", *, allocate_workspace: bool = True):
+                 max_seq_len: int, sliding_window: int = 0, device: Any = "cpu", *, allocate_workspace: bool = True,
+                 num_splits: int = 0, pairing: str = "automatic", load_path: str = "automatic",
+                 merge: str = "automatic"):
         layout = _layout_of(layout)
         if not isinstance(layout, KvCacheLayout):
             raise TypeError(f"'layout': expected a metrale.KvCacheLayout, got {type(layout).__name__}")
@@ -47,16 +56,27 @@ class Planner:
         self.max_seq_len = int(max_seq_len)
         self.sliding_window = _check_window(sliding_window)
         self._device = _parse_device(device)
-        if self._device[0] == "cpu":
-            num_sms = int(_metrale.cpu_num_threads())
-        else:
-            num_sms = int(_metrale.cuda_device_info(self._device[1])[1])
-        self.num_sms = num_sms
-        self.num_splits, self.workspace_bytes = (int(x) for x in _metrale.plan_decode(
-            self.num_seqs, self.num_q_heads, layout, self.max_seq_len, self.sliding_window, num_sms))
+        if not isinstance(num_splits, (int, np.integer)) or not 0 <= num_splits <= _metrale.max_splits():
+            raise ValueError(f"'num_splits' = {num_splits!r}; expected 0 (the planner's) or an int in "
+                             f"[1, {_metrale.max_splits()}]")
+        for name, val in (("pairing", pairing), ("load_path", load_path), ("merge", merge)):
+            if not isinstance(val, str):
+                raise TypeError(f"'{name}': expected a str, got {type(val).__name__}")
+        device_index = -1 if self._device[0] == "cpu" else int(self._device[1])
+        self.plan = _metrale.plan_decode(self.num_seqs, self.num_q_heads, layout, self.max_seq_len,
+                                         self.sliding_window, device_index, int(num_splits), pairing, load_path,
+                                         merge)
         self.workspace = None
-        if allocate_workspace and self.num_splits > 1:
-            self.workspace = _empty(((self.workspace_bytes + 3) // 4,), "float32", self._device)
+        if allocate_workspace and self.plan.workspace_bytes > 0:
+            self.workspace = _empty(((self.plan.workspace_bytes + 3) // 4,), "float32", self._device)
+
+    @property
+    def num_splits(self) -> int:
+        return int(self.plan.num_splits)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return int(self.plan.workspace_bytes)
 
     @property
     def device(self) -> str:
@@ -85,13 +105,18 @@ class Planner:
             raise ValueError(f"'q': {n} sequences; expected at most num_seqs = {self.num_seqs} (the planner's)")
         if workspace is None:
             workspace = self.workspace
-        if self.num_splits > 1 and workspace is None:
-            raise ValueError(f"'workspace': required (num_splits = {self.num_splits}, "
+        if self.workspace_bytes > 0 and workspace is None:
+            raise ValueError(f"'workspace': required (num_splits = {self.num_splits} merged through it, "
                              f">= {self.workspace_bytes} bytes float32)")
-        return _decode(2, q, view, block_tables, seq_lens, out, workspace, self.num_splits, self.sliding_window,
-                       sm_scale, self.num_q_heads, stream)
+        view, hq, D = _decode_inputs(q, view, block_tables, seq_lens, self.num_q_heads)
+        out = _decode_out(q, out, hq, D)
+        if workspace is not None:
+            _require_array(workspace, "workspace")
+        _metrale.run_decode(self.plan, _dl(q), view.layout, _dl(view.k), _dl(view.v), view.scales,
+                            _dl(block_tables), _dl(seq_lens), _sm_scale(sm_scale, D), _dl(out),
+                            None if workspace is None else _dl(workspace), _stream_handle(q, stream))
+        return out
 
     def __repr__(self) -> str:
         return (f"Planner(num_seqs={self.num_seqs}, num_q_heads={self.num_q_heads}, max_seq_len={self.max_seq_len}, "
-                f"sliding_window={self.sliding_window}, device={self.device!r}, num_splits={self.num_splits}, "
-                f"workspace_bytes={self.workspace_bytes})")
+                f"sliding_window={self.sliding_window}, device={self.device!r}, plan={self.plan!r})")

@@ -325,21 +325,36 @@ void bf16_absmax(const In& x, const Out& absmax, uintptr_t stream) {
   cuda::bf16_absmax(p, num_rows, row_len, row_stride, out, as_stream(stream));
 }
 
-enum DecodeKind { kSinglePass = 0, kSplitK = 1, kRun = 2 };
+// One of a plan option's names -> its value; ValueError listing the names.
+template <class E>
+E parse_choice(const std::string& name, const char* arg, std::initializer_list<std::pair<const char*, E>> choices) {
+  std::string names;
+  for (const auto& [n, e] : choices) {
+    if (name == n) return e;
+    names += names.empty() ? n : std::string(", ") + n;
+  }
+  value_error("'", arg, "' = '", name, "'; expected one of ", names);
+}
 
-void decode(int kind, const In& q, int32_t num_q_heads, const KvCacheLayout& layout, const In& k_cache,
-            const In& v_cache, const ScalesTuple& scales, const In& block_tables, const In& seq_lens,
-            int32_t sliding_window, float sm_scale, const Out& out, std::optional<Out> workspace, int32_t num_splits,
-            uintptr_t stream) {
+// A decode call's arguments, checked and converted once: the DecodeArgs and
+// where they live. `out` is unused (may be anything) for the split-K pass.
+struct BoundDecode {
+  DecodeArgs args;
+  DeviceCheck where;
+};
+
+BoundDecode bind_decode(const In& q, int32_t num_q_heads, const KvCacheLayout& layout, const In& k_cache,
+                        const In& v_cache, const ScalesTuple& scales, const In& block_tables, const In& seq_lens,
+                        int32_t sliding_window, float sm_scale, const Out* out) {
   layout.validate();
-  DeviceCheck dc;
+  BoundDecode b;
+  DeviceCheck& dc = b.where;
   dc.add(q, "q");
   dc.add(k_cache, "k_cache");
   dc.add(v_cache, "v_cache");
   dc.add(block_tables, "block_tables");
   dc.add(seq_lens, "seq_lens");
-  if (kind != kSplitK) dc.add(out, "out");
-  if (workspace) dc.add(*workspace, "workspace");
+  if (out) dc.add(*out, "out");
   const int64_t D = layout.head_dim;
   if (num_q_heads <= 0 || num_q_heads % layout.num_kv_heads != 0)
     value_error("'num_q_heads' = ", num_q_heads, "; expected a positive multiple of the cache's num_kv_heads = ",
@@ -357,7 +372,7 @@ void decode(int kind, const In& q, int32_t num_q_heads, const KvCacheLayout& lay
     value_error("'seq_lens': expected a contiguous int32 array of shape (", num_seqs, ",), got shape ",
                 shape_str(seq_lens));
 
-  DecodeArgs a;
+  DecodeArgs& a = b.args;
   a.q = static_cast<const bf16*>(qr.ptr);
   a.q_stride = qr.stride;
   a.num_seqs = int32_t(num_seqs);
@@ -369,46 +384,85 @@ void decode(int kind, const In& q, int32_t num_q_heads, const KvCacheLayout& lay
   a.sliding_window = sliding_window;
   a.sm_scale = sm_scale;
 
-  if (kind != kSplitK) {
-    check_bf16(out, "out");
-    const bool shape_ok = (out.ndim() == 3 && out.shape(0) == num_seqs && out.shape(1) == num_q_heads &&
-                           out.shape(2) == D) ||
-                          (out.ndim() == 2 && out.shape(0) == num_seqs && out.shape(1) == num_q_heads * D);
+  if (out) {
+    check_bf16(*out, "out");
+    const bool shape_ok = (out->ndim() == 3 && out->shape(0) == num_seqs && out->shape(1) == num_q_heads &&
+                           out->shape(2) == D) ||
+                          (out->ndim() == 2 && out->shape(0) == num_seqs && out->shape(1) == num_q_heads * D);
     if (!shape_ok)
-      value_error("'out': expected shape (", num_seqs, ", ", num_q_heads, ", ", D, "), got shape ", shape_str(out));
-    check_contiguous(out, "out");
-    a.out = static_cast<bf16*>(out.data());
+      value_error("'out': expected shape (", num_seqs, ", ", num_q_heads, ", ", D, "), got shape ", shape_str(*out));
+    check_contiguous(*out, "out");
+    a.out = static_cast<bf16*>(out->data());
   }
+  return b;
+}
 
+// The split-K workspace of `a` for num_splits splits.
+SplitKWorkspace bind_workspace(const std::optional<Out>& workspace, const DecodeArgs& a, int32_t num_splits) {
+  if (!workspace) value_error("'workspace': required when the plan merges ", num_splits, " splits through it");
+  check_dtype(*workspace, "workspace", nb::dlpack::dtype_code::Float, 32, "float32");
+  check_contiguous(*workspace, "workspace");
   SplitKWorkspace ws;
   ws.num_splits = num_splits;
-  if (kind == kSplitK || (kind == kRun && num_splits > 1)) {
-    if (!workspace) value_error("'workspace': required when num_splits = ", num_splits, " > 1");
-    check_dtype(*workspace, "workspace", nb::dlpack::dtype_code::Float, 32, "float32");
-    check_contiguous(*workspace, "workspace");
-    ws.data = static_cast<float*>(workspace->data());
-    ws.bytes = size_t(nbytes(*workspace));
-    const size_t need = splitk_workspace_bytes(a.num_seqs, num_q_heads, int32_t(D), num_splits);
-    if (ws.bytes < need)
-      value_error("'workspace': ", ws.bytes, " bytes; expected at least ", need,
-                  " (num_seqs * num_q_heads * num_splits * (head_dim + 2) float32)");
-    if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
-      value_error("'workspace': data pointer not 16-byte aligned; expected a 16-byte aligned float32 array");
-  }
-  if (num_seqs == 0) return;
+  ws.data = static_cast<float*>(workspace->data());
+  ws.bytes = size_t(nbytes(*workspace));
+  const size_t need = splitk_workspace_bytes(a.num_seqs, a.num_q_heads, a.cache.layout.head_dim, num_splits);
+  if (ws.bytes < need)
+    value_error("'workspace': ", ws.bytes, " bytes; expected at least ", need,
+                " (num_seqs * num_q_heads * num_splits * (head_dim + 2) float32)");
+  if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
+    value_error("'workspace': data pointer not 16-byte aligned; expected a 16-byte aligned float32 array");
+  return ws;
+}
 
-  if (dc.w.dev == Dev::cpu) {
+void decode_single(const In& q, int32_t num_q_heads, const KvCacheLayout& layout, const In& k_cache,
+                   const In& v_cache, const ScalesTuple& scales, const In& block_tables, const In& seq_lens,
+                   int32_t sliding_window, float sm_scale, const Out& out, uintptr_t stream) {
+  BoundDecode b = bind_decode(q, num_q_heads, layout, k_cache, v_cache, scales, block_tables, seq_lens,
+                              sliding_window, sm_scale, &out);
+  if (b.args.num_seqs == 0) return;
+  if (b.where.w.dev == Dev::cpu) {
     nb::gil_scoped_release nogil;
-    if (kind == kSinglePass) cpu::paged_decode_attn(a);
-    else if (kind == kSplitK) cpu::paged_decode_attn_splitk(a, ws);
-    else cpu::run_decode(DecodePlan{num_splits, ws.bytes}, a, ws);
-    return;
+    return cpu::paged_decode_attn(b.args);
   }
-  DeviceGuard g(dc.w);
-  const cuda::Stream s = as_stream(stream);
-  if (kind == kSinglePass) cuda::paged_decode_attn(a, s);
-  else if (kind == kSplitK) cuda::paged_decode_attn_splitk(a, ws, s);
-  else cuda::run_decode(DecodePlan{num_splits, ws.bytes}, a, ws, s);
+  DeviceGuard g(b.where.w);
+  cuda::paged_decode_attn(b.args, as_stream(stream));
+}
+
+void decode_splitk(const In& q, int32_t num_q_heads, const KvCacheLayout& layout, const In& k_cache,
+                   const In& v_cache, const ScalesTuple& scales, const In& block_tables, const In& seq_lens,
+                   int32_t sliding_window, float sm_scale, const Out& workspace, int32_t num_splits,
+                   uintptr_t stream) {
+  BoundDecode b = bind_decode(q, num_q_heads, layout, k_cache, v_cache, scales, block_tables, seq_lens,
+                              sliding_window, sm_scale, nullptr);
+  b.where.add(workspace, "workspace");
+  const SplitKWorkspace ws = bind_workspace(workspace, b.args, num_splits);
+  if (b.args.num_seqs == 0) return;
+  if (b.where.w.dev == Dev::cpu) {
+    nb::gil_scoped_release nogil;
+    return cpu::paged_decode_attn_splitk(b.args, ws);
+  }
+  DeviceGuard g(b.where.w);
+  cuda::paged_decode_attn_splitk(b.args, ws, as_stream(stream));
+}
+
+void run_decode(const DecodePlan& plan, const In& q, const KvCacheLayout& layout, const In& k_cache,
+                const In& v_cache, const ScalesTuple& scales, const In& block_tables, const In& seq_lens,
+                float sm_scale, const Out& out, std::optional<Out> workspace, uintptr_t stream) {
+  BoundDecode b = bind_decode(q, plan.problem.num_q_heads, layout, k_cache, v_cache, scales, block_tables, seq_lens,
+                              plan.problem.sliding_window, sm_scale, &out);
+  SplitKWorkspace ws;
+  if (plan.merge == DecodeMerge::workspace) {
+    if (workspace) b.where.add(*workspace, "workspace");
+    ws = bind_workspace(workspace, b.args, plan.num_splits);
+  }
+  if (b.args.num_seqs == 0) return;
+  if (b.where.w.dev == Dev::cpu) {
+    nb::gil_scoped_release nogil;
+    return cpu::run_decode(plan, b.args, ws);
+  }
+  DeviceGuard g(b.where.w);
+  cuda::run_decode(plan, b.args, ws, as_stream(stream));
 }
 
 void reduce(const In& workspace, int32_t num_q_heads, int32_t head_dim, int32_t num_splits, const Out& out,
@@ -574,21 +628,57 @@ NB_MODULE(_metrale, m) {
         nb::arg("head_dim"), nb::arg("num_splits"));
   m.def("max_splits", []() { return kMaxSplits; });
 
+  nb::class_<DecodePlan>(m, "DecodePlan")
+      .def_prop_ro("num_seqs", [](const DecodePlan& p) { return p.problem.num_seqs; })
+      .def_prop_ro("num_q_heads", [](const DecodePlan& p) { return p.problem.num_q_heads; })
+      .def_prop_ro("layout", [](const DecodePlan& p) { return p.problem.layout; })
+      .def_prop_ro("max_seq_len", [](const DecodePlan& p) { return p.problem.max_seq_len; })
+      .def_prop_ro("sliding_window", [](const DecodePlan& p) { return p.problem.sliding_window; })
+      .def_ro("num_splits", &DecodePlan::num_splits)
+      .def_ro("pair_kv_heads", &DecodePlan::pair_kv_heads)
+      .def_prop_ro("load_path", [](const DecodePlan& p) { return std::string(to_string(p.load_path)); })
+      .def_prop_ro("merge", [](const DecodePlan& p) { return std::string(to_string(p.merge)); })
+      .def_prop_ro("grid", [](const DecodePlan& p) {
+        return std::make_tuple(p.grid_x(p.problem.num_seqs), p.num_splits);
+      })
+      .def_ro("workspace_bytes", &DecodePlan::workspace_bytes)
+      .def("__repr__", [](const DecodePlan& p) {
+        return concat("DecodePlan(num_splits=", p.num_splits, ", merge=", to_string(p.merge),
+                      ", load_path=", to_string(p.load_path), ", pair_kv_heads=", p.pair_kv_heads ? "True" : "False",
+                      ", grid=(", p.grid_x(p.problem.num_seqs), ", ", p.num_splits, "), workspace_bytes=",
+                      p.workspace_bytes, ")");
+      });
+
+  // device < 0: the CPU backend's target; else CUDA device `device`.
   m.def(
       "plan_decode",
       [](int32_t num_seqs, int32_t num_q_heads, const KvCacheLayout& layout, int32_t max_seq_len,
-         int32_t sliding_window, int32_t num_sms) {
+         int32_t sliding_window, int32_t device, int32_t num_splits, const std::string& pairing,
+         const std::string& load_path, const std::string& merge) {
         DecodeProblem p;
         p.num_seqs = num_seqs;
         p.num_q_heads = num_q_heads;
         p.layout = layout;
         p.max_seq_len = max_seq_len;
         p.sliding_window = sliding_window;
-        const DecodePlan plan = plan_decode(p, num_sms);
-        return std::make_tuple(plan.num_splits, plan.workspace_bytes);
+        DecodePlanOptions o;
+        o.num_splits = num_splits;
+        o.pairing = parse_choice<DecodePairing>(pairing, "pairing",
+                                 {{"automatic", DecodePairing::automatic}, {"off", DecodePairing::off},
+                                  {"on", DecodePairing::on}});
+        o.load_path = parse_choice<DecodeLoadPath>(load_path, "load_path",
+                                   {{"automatic", DecodeLoadPath::automatic}, {"registers", DecodeLoadPath::registers},
+                                    {"tma", DecodeLoadPath::tma}});
+        o.merge = parse_choice<DecodeMerge>(merge, "merge",
+                               {{"automatic", DecodeMerge::automatic}, {"single_pass", DecodeMerge::single_pass},
+                                {"cluster", DecodeMerge::cluster}, {"workspace", DecodeMerge::workspace}});
+        if (device < 0) return plan_decode(p, cpu::decode_target(), o);
+        DeviceGuard g(Where{Dev::cuda, device});
+        return plan_decode(p, cuda::decode_target(), o);
       },
       nb::arg("num_seqs"), nb::arg("num_q_heads"), nb::arg("layout"), nb::arg("max_seq_len"),
-      nb::arg("sliding_window"), nb::arg("num_sms"));
+      nb::arg("sliding_window"), nb::arg("device"), nb::arg("num_splits"), nb::arg("pairing"), nb::arg("load_path"),
+      nb::arg("merge"));
 
   m.def("cpu_num_threads", &cpu::num_threads);
   m.def("cpu_set_num_threads", &cpu::set_num_threads, nb::arg("n"));
@@ -608,10 +698,16 @@ NB_MODULE(_metrale, m) {
         nb::arg("layout"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("skipped").none(),
         nb::arg("stream"));
   m.def("bf16_absmax", &bf16_absmax, nb::arg("x"), nb::arg("absmax"), nb::arg("stream"));
-  m.def("decode", &decode, nb::arg("kind"), nb::arg("q"), nb::arg("num_q_heads"), nb::arg("layout"),
+  m.def("decode_single", &decode_single, nb::arg("q"), nb::arg("num_q_heads"), nb::arg("layout"),
         nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("block_tables"), nb::arg("seq_lens"),
-        nb::arg("sliding_window"), nb::arg("sm_scale"), nb::arg("out"), nb::arg("workspace").none(),
-        nb::arg("num_splits"), nb::arg("stream"));
+        nb::arg("sliding_window"), nb::arg("sm_scale"), nb::arg("out"), nb::arg("stream"));
+  m.def("decode_splitk", &decode_splitk, nb::arg("q"), nb::arg("num_q_heads"), nb::arg("layout"),
+        nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("block_tables"), nb::arg("seq_lens"),
+        nb::arg("sliding_window"), nb::arg("sm_scale"), nb::arg("workspace"), nb::arg("num_splits"),
+        nb::arg("stream"));
+  m.def("run_decode", &run_decode, nb::arg("plan"), nb::arg("q"), nb::arg("layout"), nb::arg("k_cache"),
+        nb::arg("v_cache"), nb::arg("scales"), nb::arg("block_tables"), nb::arg("seq_lens"), nb::arg("sm_scale"),
+        nb::arg("out"), nb::arg("workspace").none(), nb::arg("stream"));
   m.def("reduce", &reduce, nb::arg("workspace"), nb::arg("num_q_heads"), nb::arg("head_dim"), nb::arg("num_splits"),
         nb::arg("out"), nb::arg("stream"));
   m.def("validate_block_tables", &validate_tables, nb::arg("layout"), nb::arg("block_tables"), nb::arg("seq_lens"),

@@ -92,6 +92,12 @@ void decode_splitk(const DecodeArgs& a, int32_t num_splits, float* ws) {
 
 }  // namespace
 
+DecodeTarget decode_target() {
+  DecodeTarget t;
+  t.num_sms = num_threads();
+  return t;
+}
+
 void paged_decode_attn(const DecodeArgs& args) {
   metrale::detail::validate_decode(args);
   if (args.num_seqs == 0) return;
@@ -105,19 +111,15 @@ void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws)
   decode_splitk(args, ws.num_splits, ws.data);
 }
 
-// The plan's num_splits is authoritative: ws supplies the memory (ws.data,
-// ws.bytes) and its own num_splits field is ignored.
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws) {
-  ::metrale::detail::validate_plan(plan);
-  ::metrale::detail::validate_decode(args);  // everything, `out` included, before any work
-  if (plan.num_splits == 1) {
-    paged_decode_attn(args);
-    return;
-  }
-  SplitKWorkspace w = ws;
-  w.num_splits = plan.num_splits;
-  paged_decode_attn_splitk(args, w);
-  paged_decode_attn_reduce(reduce_args_for(args, w));
+  metrale::detail::validate_run(plan, args, ws);  // everything, `out` included, before any work
+  if (plan.merge == DecodeMerge::cluster)
+    metrale::detail::throw_unsupported("plan.merge", "cluster",
+                                       "single_pass or workspace on the CPU backend (plan with cpu::decode_target())");
+  if (args.num_seqs == 0) return;
+  if (plan.merge == DecodeMerge::single_pass) return decode_single(args);
+  decode_splitk(args, plan.num_splits, ws.data);
+  paged_decode_attn_reduce(reduce_args_for(args, ws));
 }
 
 }  // namespace metrale::cpu

@@ -94,9 +94,29 @@ void validate_reduce(const ReduceArgs& a) {
   METRALE_CHECK_ARG(a.workspace_bytes >= need, "workspace_bytes", a.workspace_bytes, ">= " + std::to_string(need));
 }
 
-void validate_plan(const DecodePlan& plan) {
+void validate_run(const DecodePlan& plan, const DecodeArgs& a, const SplitKWorkspace& ws) {
+  validate_decode(a);
   METRALE_CHECK_ARG(plan.num_splits >= 1 && plan.num_splits <= kMaxSplits, "plan.num_splits", plan.num_splits,
                     "1.." + std::to_string(kMaxSplits));
+  const KvCacheLayout &P = plan.problem.layout, &L = a.cache.layout;
+  if (P.format != L.format || P.block_size != L.block_size || P.num_kv_heads != L.num_kv_heads ||
+      P.head_dim != L.head_dim)
+    throw_invalid("plan", std::string("a plan for ") + to_string(P.format) + " block_size " +
+                              std::to_string(P.block_size) + ", " + std::to_string(P.num_kv_heads) +
+                              " kv heads, head_dim " + std::to_string(P.head_dim),
+                  std::string("a plan for the cache's ") + to_string(L.format) + " block_size " +
+                      std::to_string(L.block_size) + ", " + std::to_string(L.num_kv_heads) + " kv heads, head_dim " +
+                      std::to_string(L.head_dim));
+  METRALE_CHECK_ARG(plan.problem.num_q_heads == a.num_q_heads, "num_q_heads", a.num_q_heads,
+                    "the plan's num_q_heads = " + std::to_string(plan.problem.num_q_heads));
+  METRALE_CHECK_ARG(a.num_seqs <= plan.problem.num_seqs, "num_seqs", a.num_seqs,
+                    "<= the plan's num_seqs = " + std::to_string(plan.problem.num_seqs));
+  if (plan.merge != DecodeMerge::workspace || a.num_seqs == 0) return;
+  check_ptr(ws.data, "workspace", true);
+  const size_t need = splitk_workspace_bytes(a.num_seqs, a.num_q_heads, L.head_dim, plan.num_splits);
+  METRALE_CHECK_ARG(ws.bytes >= need, "workspace_bytes", ws.bytes, ">= " + std::to_string(need));
+  METRALE_CHECK_ARG(ws.num_splits == plan.num_splits, "workspace.num_splits", ws.num_splits,
+                    "the plan's num_splits = " + std::to_string(plan.num_splits));
 }
 
 void validate_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, const float* absmax) {

@@ -16,7 +16,10 @@ void validate_cache_write(const CacheWriteArgs& args);
 void validate_decode(const DecodeArgs& args, bool writes_out = true);
 void validate_workspace(const DecodeArgs& args, const SplitKWorkspace& ws);
 void validate_reduce(const ReduceArgs& args);
-void validate_plan(const DecodePlan& plan);
+// run_decode's arguments: `args` as validate_decode, the plan made for
+// their heads and layout and at least their num_seqs, and, where the plan
+// merges through the workspace, `ws` laid out for the plan's num_splits.
+void validate_run(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws);
 // A context-parallel rank's decode arguments against its layout (both
 // backends' cp_rank_states; implemented with the sharding, shard.cpp).
 void validate_cp_rank_args(const cp::CpLayout& L, const DecodeArgs& a);

@@ -1,60 +1,161 @@
-// The split planner and the debug block-table validator.
+// The decode planner (docs/planner.md) and the debug block-table validator.
 //
-// Decision rule (one function; both backends and the benchmark's oracle mode
-// call it): a decode launch has one CTA per (sequence, kv head, 8-q-head
-// tile, split). Single pass when the batch alone gives every SM enough CTAs;
-// otherwise cut each sequence into as many splits as fill one resident wave,
-// but never splits shorter than kMinTokensPerSplit.
+// Split rule: a decode launch has one CTA per (sequence, kv head or head
+// pair, 8-q-head tile, split). Single pass when the batch alone gives every
+// SM enough CTAs; otherwise cut each sequence into as many splits as fill one
+// resident wave, but never splits shorter than kMinTokensPerSplit. Splitting
+// past one resident wave only adds tails and reduce work (measured with
+// `metrale_bench --mode oracle`, bench/RESULTS.md).
+//
+// Merge rule: 2-8 splits merge inside clusters of the split CTAs where every
+// cluster of the grid is resident at once. The merge holds every CTA of a
+// cluster until the last one is done, and clusters are placed whole inside
+// one GPC: a grid of more clusters than that runs them in waves, and there
+// the workspace and the reduce are faster (fp8 d64 4x8192, 32 clusters of
+// 8: 25.4 us in clusters against 16.1 through the workspace; session 6 in
+// bench/RESULTS.md).
 #include <algorithm>
 #include <string>
 
-#include "kernels/decode/decode_params.hpp"
 #include "metrale/error.hpp"
 #include "metrale/plan.hpp"
+#include "plan/decode_geometry.hpp"
+#include "plan/planner.hpp"
 
 namespace metrale {
-namespace {
-// Splitting past one resident wave (kernels::kDecodeCtasPerSm CTAs per SM)
-// only adds tails and reduce work (measured with `metrale_bench --mode
-// oracle`, bench/RESULTS.md).
-// Two 16-token steps per warp of a 4-warp CTA: below this a
-// split's prologue, epilogue and record cost more than its parallelism gains.
-constexpr int32_t kMinTokensPerSplit = 128;
-}  // namespace
+
+using namespace geometry;
 
 size_t splitk_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim, int32_t num_splits) {
   return size_t(num_seqs) * size_t(num_q_heads) * size_t(num_splits) * size_t(head_dim + 2) * sizeof(float);
 }
 
-DecodePlan plan_decode(const DecodeProblem& p, int32_t num_sms) {
+const char* to_string(DecodeLoadPath p) {
+  switch (p) {
+    case DecodeLoadPath::automatic: return "automatic";
+    case DecodeLoadPath::registers: return "registers";
+    case DecodeLoadPath::tma: return "tma";
+  }
+  return "unknown";
+}
+
+const char* to_string(DecodeMerge m) {
+  switch (m) {
+    case DecodeMerge::automatic: return "automatic";
+    case DecodeMerge::single_pass: return "single_pass";
+    case DecodeMerge::cluster: return "cluster";
+    case DecodeMerge::workspace: return "workspace";
+  }
+  return "unknown";
+}
+
+DecodeProblem decode_problem(const DecodeArgs& a, int32_t max_seq_len) {
+  DecodeProblem p;
+  p.num_seqs = a.num_seqs;
+  p.num_q_heads = a.num_q_heads;
+  p.layout = a.cache.layout;
+  p.max_seq_len = max_seq_len >= 0 ? max_seq_len
+                                   : int32_t(std::min<int64_t>(int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size,
+                                                               INT32_MAX));
+  p.sliding_window = a.sliding_window;
+  return p;
+}
+
+DecodeKernelId DecodePlan::kernel() const {
+  return DecodeKernelId{problem.layout.format, pair_kv_heads ? 2 * problem.layout.head_dim : problem.layout.head_dim,
+                        load_path, pair_kv_heads};
+}
+
+DecodePlan plan_decode(const DecodeProblem& p, const DecodeTarget& target, const DecodePlanOptions& options) {
   p.layout.validate();
   METRALE_CHECK_ARG(p.num_seqs >= 0, "num_seqs", p.num_seqs, ">= 0");
   METRALE_CHECK_ARG(p.num_q_heads > 0 && p.num_q_heads % p.layout.num_kv_heads == 0, "num_q_heads", p.num_q_heads,
                     "a positive multiple of num_kv_heads = " + std::to_string(p.layout.num_kv_heads));
   METRALE_CHECK_ARG(p.max_seq_len >= 0, "max_seq_len", p.max_seq_len, ">= 0");
   METRALE_CHECK_ARG(p.sliding_window >= 0, "sliding_window", p.sliding_window, ">= 0");
-  METRALE_CHECK_ARG(num_sms > 0, "num_sms", num_sms, "> 0");
+  return detail::decide_decode_plan(p, target, options);
+}
 
-  // CTAs per split: one per (sequence, kv head or head pair, 8-q-head tile).
-  int32_t group = p.num_q_heads / p.layout.num_kv_heads, kv_units = p.layout.num_kv_heads;
-  if (kernels::decode_pairs_kv_heads(p.layout.head_dim, kv_units, group, p.num_seqs, num_sms)) {
-    kv_units /= 2;
-    group *= 2;
-  }
-  const int64_t head_tiles = (group + kernels::kDecodeQHeadsPerCta - 1) / kernels::kDecodeQHeadsPerCta;
-  const int64_t base_ctas = int64_t(p.num_seqs) * kv_units * head_tiles;
-  const int64_t attended =
-      p.sliding_window > 0 ? std::min<int64_t>(p.max_seq_len, p.sliding_window + p.layout.block_size) : p.max_seq_len;
+DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget& target,
+                                      const DecodePlanOptions& opt) {
+  METRALE_CHECK_ARG(target.num_sms > 0, "num_sms", target.num_sms, "> 0");
+  METRALE_CHECK_ARG(opt.num_splits >= 0 && opt.num_splits <= kMaxSplits, "num_splits", opt.num_splits,
+                    "0 (the planner's) or 1.." + std::to_string(kMaxSplits));
 
   DecodePlan plan;
-  const int64_t target = int64_t(num_sms) * kernels::kDecodeCtasPerSm;
-  if (base_ctas > 0 && base_ctas < target) {
-    const int64_t by_fill = target / base_ctas;  // stay within one resident wave
-    const int64_t by_length = std::max<int64_t>(1, attended / kMinTokensPerSplit);
-    plan.num_splits = int32_t(std::clamp<int64_t>(std::min(by_fill, by_length), 1, kMaxSplits));
+  plan.problem = p;
+  const int32_t D = p.layout.head_dim, H = p.layout.num_kv_heads, group = p.num_q_heads / H;
+
+  // Pairing of kv heads (decode_geometry.hpp).
+  switch (opt.pairing) {
+    case DecodePairing::automatic:
+      plan.pair_kv_heads = decode_pairs_kv_heads(D, H, group, p.num_seqs, target.num_sms);
+      break;
+    case DecodePairing::off: plan.pair_kv_heads = false; break;
+    case DecodePairing::on:
+      if (!decode_can_pair_kv_heads(D, H, group))
+        detail::throw_unsupported("pairing", "on",
+                                  "head_dim 64, an even num_kv_heads and at most 4 q heads per kv head");
+      plan.pair_kv_heads = true;
+      break;
   }
-  if (plan.num_splits > 1)
-    plan.workspace_bytes = splitk_workspace_bytes(p.num_seqs, p.num_q_heads, p.layout.head_dim, plan.num_splits);
+  plan.kv_units = plan.pair_kv_heads ? H / 2 : H;
+  plan.unit_group = plan.pair_kv_heads ? 2 * group : group;
+  plan.head_tiles = (plan.unit_group + kDecodeQHeadsPerCta - 1) / kDecodeQHeadsPerCta;
+  plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
+  const int64_t base_ctas = plan.grid_x(p.num_seqs);
+
+  // Splits.
+  if (opt.num_splits > 0) {
+    plan.num_splits = opt.num_splits;
+  } else {
+    const int64_t attended = p.sliding_window > 0
+                                 ? std::min<int64_t>(p.max_seq_len, int64_t(p.sliding_window) + p.layout.block_size)
+                                 : p.max_seq_len;
+    const int64_t wave = int64_t(target.num_sms) * kDecodeCtasPerSm;
+    if (base_ctas > 0 && base_ctas < wave) {
+      const int64_t by_fill = wave / base_ctas;  // stay within one resident wave
+      const int64_t by_length = std::max<int64_t>(1, attended / kMinTokensPerSplit);
+      plan.num_splits = int32_t(std::clamp<int64_t>(std::min(by_fill, by_length), 1, kMaxSplits));
+    }
+  }
+
+  // Load path: TMA for the unscaled formats wherever the target encodes
+  // tensor maps (the NVFP4 kernel is instruction-bound: docs/decisions.md).
+  const bool tma_ok = target.tma && p.layout.format != KvFormat::nvfp4;
+  switch (opt.load_path) {
+    case DecodeLoadPath::automatic:
+    case DecodeLoadPath::tma:
+      if (opt.load_path == DecodeLoadPath::tma && !tma_ok)
+        detail::throw_unsupported("load_path", "tma", "bf16 or fp8 on a target that encodes TMA tensor maps");
+      plan.load_path = tma_ok ? DecodeLoadPath::tma : DecodeLoadPath::registers;
+      break;
+    case DecodeLoadPath::registers: plan.load_path = DecodeLoadPath::registers; break;
+  }
+
+  // Merge.
+  const bool clusterable = plan.num_splits >= 2 && plan.num_splits <= kMaxClusterSplits && target.resident_clusters;
+  const int64_t resident = clusterable ? target.resident_clusters(plan.kernel(), plan.num_splits) : 0;
+  switch (opt.merge) {
+    case DecodeMerge::automatic:
+      plan.merge = plan.num_splits == 1                           ? DecodeMerge::single_pass
+                   : (resident > 0 && base_ctas <= resident) ? DecodeMerge::cluster
+                                                                : DecodeMerge::workspace;
+      break;
+    case DecodeMerge::single_pass:
+      if (plan.num_splits != 1) detail::throw_invalid("merge", "single_pass", "num_splits 1");
+      plan.merge = DecodeMerge::single_pass;
+      break;
+    case DecodeMerge::cluster:
+      if (resident <= 0)
+        detail::throw_unsupported("merge", "cluster",
+                                  "2.." + std::to_string(kMaxClusterSplits) + " splits on a target with clusters");
+      plan.merge = DecodeMerge::cluster;
+      break;
+    case DecodeMerge::workspace: plan.merge = DecodeMerge::workspace; break;
+  }
+  if (plan.merge == DecodeMerge::workspace)
+    plan.workspace_bytes = splitk_workspace_bytes(p.num_seqs, p.num_q_heads, D, plan.num_splits);
   return plan;
 }
 

@@ -498,3 +498,24 @@ def test_read_only_inputs_are_accepted(rng):
     ro_out.setflags(write=False)
     with pytest.raises(ValueError, match=r"'out': read-only"):
         metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, ro_out)
+
+
+def test_planner_binds_the_plan_and_its_options(rng):
+    b = Batch(rng, "bf16", num_seqs=3, lens=[700, 0, 1300], max_len=1300, Hq=8, Hkv=2, D=64, B=16)
+    plan = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=3, pairing="off")
+    assert isinstance(plan.plan, metrale.DecodePlan)
+    assert (plan.num_splits, plan.plan.merge, plan.plan.load_path) == (3, "workspace", "registers")
+    assert plan.plan.grid == (3 * 2, 3) and not plan.plan.pair_kv_heads
+    assert plan.workspace_bytes == metrale.splitk_workspace_bytes(3, 8, 64, 3)
+    assert "DecodePlan(num_splits=3" in repr(plan)
+    out = poisoned_out(3, 8, 64)
+    plan.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, out)
+    check_out(out, b.reference())
+    pair = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", pairing="on")
+    assert pair.plan.pair_kv_heads and pair.plan.grid[0] == 3
+    with pytest.raises(ValueError, match="merge"):
+        metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", merge="sideways")
+    with pytest.raises(ValueError, match="load_path"):  # the CPU target has no TMA
+        metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", load_path="tma")
+    with pytest.raises(ValueError, match="num_splits"):
+        metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=-1)

@@ -58,7 +58,7 @@ Row gpu_row(KvFormat f, int32_t seqs, int32_t len, const cuda::DeviceInfo& dev, 
   problem.num_q_heads = s.num_q_heads;
   problem.layout = w.args(0, nullptr).cache.layout;
   problem.max_seq_len = w.max_seq_len();
-  const DecodePlan plan = plan_decode(problem, dev.num_sms);
+  const DecodePlan plan = plan_decode(problem, cuda::decode_target());
   DeviceBuffer ws(plan.workspace_bytes), out(size_t(seqs) * s.num_q_heads * s.head_dim * sizeof(bf16));
   const SplitKWorkspace workspace{ws.as<float>(), ws.bytes(), plan.num_splits};
   Row r;

@@ -21,10 +21,9 @@ BatchDecode decode_batch_cpu(const HostBatch& b, KvFormat format, const KvScales
 
   cpu::reshape_and_cache(b.write_args(b.key.data(), b.value.data(), b.slot_mapping.data(), cache));
 
-  DecodePlan plan = plan_decode(b.decode_problem(layout), cpu::num_threads());
-  if (num_splits > 0)
-    plan =
-        DecodePlan{num_splits, splitk_workspace_bytes(b.num_seqs(), b.shape.num_q_heads, b.shape.head_dim, num_splits)};
+  DecodePlanOptions forced;
+  forced.num_splits = num_splits;  // 0 = the planner's
+  const DecodePlan plan = plan_decode(b.decode_problem(layout), cpu::decode_target(), forced);
   r.num_splits = plan.num_splits;
   AlignedVector<float> ws(plan.workspace_bytes / sizeof(float) + 1);
   r.out.assign(size_t(b.out_elems()), codec::float_to_bf16(NAN));

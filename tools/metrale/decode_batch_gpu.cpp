@@ -20,10 +20,9 @@ BatchDecode decode_batch_gpu(const HostBatch& b, KvFormat format, const KvScales
 
   cuda::reshape_and_cache(b.write_args(key.as<bf16>(), value.as<bf16>(), slots.as<int64_t>(), cache));
 
-  DecodePlan plan = plan_decode(b.decode_problem(layout), cuda::device_info().num_sms);
-  if (num_splits > 0)
-    plan =
-        DecodePlan{num_splits, splitk_workspace_bytes(b.num_seqs(), b.shape.num_q_heads, b.shape.head_dim, num_splits)};
+  DecodePlanOptions forced;
+  forced.num_splits = num_splits;  // 0 = the planner's
+  const DecodePlan plan = plan_decode(b.decode_problem(layout), cuda::decode_target(), forced);
   r.num_splits = plan.num_splits;
   DeviceBuffer ws(plan.workspace_bytes);
   DeviceBuffer out(size_t(b.out_elems()) * sizeof(bf16));

@@ -37,7 +37,7 @@ void timing(FormatResult& r, const LayerShape& shape, const GpuTimedBatch& t, co
   problem.num_q_heads = s.num_q_heads;
   problem.layout = make_layout(s.format, shape, 1);
   problem.max_seq_len = wl.max_seq_len();
-  const DecodePlan plan = plan_decode(problem, dev.num_sms);
+  const DecodePlan plan = plan_decode(problem, cuda::decode_target());
   r.timed_splits = plan.num_splits;
   DeviceBuffer ws(plan.workspace_bytes);
   DeviceBuffer out(size_t(s.num_seqs) * s.num_q_heads * s.head_dim * sizeof(bf16));

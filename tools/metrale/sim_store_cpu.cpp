@@ -46,7 +46,7 @@ class CpuStore final : public SimStore {
     problem.num_q_heads = spec_.shape.num_q_heads;
     problem.layout = spec_.layout;
     problem.max_seq_len = *std::max_element(lens, lens + num_seqs);
-    const DecodePlan plan = plan_decode(problem, cpu::num_threads());
+    const DecodePlan plan = plan_decode(problem, cpu::decode_target());
     workspace_.resize(plan.workspace_bytes / sizeof(float) + 1);
     out_.resize(size_t(num_seqs) * size_t(spec_.q_row()));
     int64_t nonfinite = 0;

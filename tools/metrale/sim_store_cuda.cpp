@@ -78,7 +78,7 @@ class CudaStore final : public SimStore {
     problem.num_q_heads = spec_.shape.num_q_heads;
     problem.layout = spec_.layout;
     problem.max_seq_len = *std::max_element(lens, lens + num_seqs);
-    const DecodePlan plan = plan_decode(problem, num_sms_);
+    const DecodePlan plan = plan_decode(problem, cuda::decode_target());
     const size_t out_elems = size_t(num_seqs) * size_t(spec_.q_row());
     DecodeArgs a;
     a.q = q_.upload(q, out_elems);

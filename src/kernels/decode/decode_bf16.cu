@@ -3,8 +3,6 @@
 
 namespace metrale::kernels {
 
-bool launch_decode_bf16(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream) {
-  return launch_decode_format<Bf16Format>(p, head_dim, num_ctas, stream);
-}
+const DecodeFormatKernels kDecodeBf16Kernels{launch_decode<Bf16Format>, resident_decode_clusters<Bf16Format>};
 
 }  // namespace metrale::kernels

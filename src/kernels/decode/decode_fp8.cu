@@ -3,8 +3,6 @@
 
 namespace metrale::kernels {
 
-bool launch_decode_fp8(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream) {
-  return launch_decode_format<Fp8Format>(p, head_dim, num_ctas, stream);
-}
+const DecodeFormatKernels kDecodeFp8Kernels{launch_decode<Fp8Format>, resident_decode_clusters<Fp8Format>};
 
 }  // namespace metrale::kernels

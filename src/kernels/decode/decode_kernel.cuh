@@ -79,13 +79,9 @@ constexpr bool k_permutation_ok() {
 // Shared-memory budget of the TMA ring of one CTA (all warps' stages): 96
 // KiB keeps 2 CTAs per SM, the occupancy the split planner counts on (3 CTAs
 // per SM left the single-pass grids of 512 and 256 CTAs badly balanced).
-#ifndef METRALE_TMA_RING_BYTES
-#define METRALE_TMA_RING_BYTES 98304
-#endif
-// Most steps per TMA stage (1 for A/B runs: bench/RESULTS.md v7 step 4).
-#ifndef METRALE_TMA_STAGE_STEPS
-#define METRALE_TMA_STAGE_STEPS 2
-#endif
+constexpr int kTmaRingBytes = 96 * 1024;
+// Most steps per TMA stage (one step per stage measured slower: bench/RESULTS.md v7 step 4).
+constexpr int kTmaMaxStageSteps = 2;
 
 // kTma: K/V tiles reach shared memory through TMA (a per-warp ring of
 // stages, see the kernel) instead of registers. The register path serves
@@ -133,7 +129,7 @@ struct DecodeConfig {
   // bookkeeping per step.
   static constexpr int kStepBytes = 2 * kStepTokens * kRowBytes;
   static constexpr int kTmaStageSteps =
-      METRALE_TMA_STAGE_STEPS >= 2 && METRALE_TMA_RING_BYTES / (kWarps * 2 * kStepBytes) >= 2 ? 2 : 1;
+      kTmaMaxStageSteps >= 2 && kTmaRingBytes / (kWarps * 2 * kStepBytes) >= 2 ? 2 : 1;
   // Register stages of the software pipeline, at most two: 4 single-step
   // stages (loads issued 3 steps ahead instead of 2, same registers) were
   // measured 5-10% slower than 2 stages of 2 steps, whose two independent
@@ -161,7 +157,7 @@ struct DecodeConfig {
   static constexpr int kSwizzleMask = kBoxBytes / 16 - 1;  // 7, 3, 1: line bits XORed into the chunk index
   static constexpr int kTileBytes = kStepTokens * kRowBytes;
   static constexpr int kStageBytes = kUnroll * 2 * kTileBytes;  // a multiple of 1024: swizzle atoms stay aligned
-  static constexpr int kRingRaw = METRALE_TMA_RING_BYTES / (kWarps * kStageBytes);
+  static constexpr int kRingRaw = kTmaRingBytes / (kWarps * kStageBytes);
   static constexpr int kRingStages = kRingRaw < 2 ? 2 : (kRingRaw > 8 ? 8 : kRingRaw);
   // K vector of quarter row i that thread c reads. Registers: i*4 + c (any
   // order reads whole sectors). TMA: chunks 2c, 2c+1 of each 128-byte box,

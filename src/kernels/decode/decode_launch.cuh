@@ -1,88 +1,108 @@
-// Launch of one decode-kernel instantiation (format x head_dim). Each format
-// has its own translation unit (decode_<format>.cu) so they compile in
-// parallel; decode.cu dispatches to them.
+// Launch of the decode-kernel instantiation a plan names (DecodeKernelId:
+// format x head_dim x load path x pairing). Each format has its own
+// translation unit (decode_<format>.cu) so they compile in parallel;
+// decode.cu dispatches to them. Nothing here decides: the plan has.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <string>
 
 #include "kernels/common/cuda_check.hpp"
 #include "kernels/common/dependent_launch.hpp"
 #include "kernels/decode/decode_kernel.cuh"
+#include "metrale/error.hpp"
+#include "metrale/plan.hpp"
 
 namespace metrale::kernels {
 
-// Largest split count merged inside a cluster (portable cluster size).
-constexpr int32_t kMaxClusterSplits = 8;
-
-// Launches one instantiation. With p.cluster_merge, the split pass runs as
-// clusters of its splits that merge in-kernel (decode_kernel.cuh) where such
-// clusters fit the GPU; otherwise it writes the workspace. Returns whether
-// the output is complete (single pass or merged), i.e. no reduce is needed.
+// One instantiation, as a type.
 template <class Fmt, int D, bool kTma, bool kPair>
-bool launch_decode_variant(DecodeParams p, int64_t num_ctas, cudaStream_t stream) {
+struct DecodeInstance {
   using Cfg = DecodeConfig<Fmt, D, kTma, kPair>;
-  auto kernel = paged_decode_kernel<Fmt, D, kTma, kPair>;
-  static const bool smem_ok = [&] {  // once per instantiation: allow > 48 KB of shared memory
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
-  }();
-  if (!smem_ok) detail::cuda_check(cudaGetLastError(), "cudaFuncSetAttribute(paged_decode_kernel)");
-  const dim3 grid(unsigned(num_ctas), unsigned(p.num_splits)), block(Cfg::kThreads);
-  if (p.cluster_merge) {
-    // How many clusters of n such CTAs can be resident at once, once per
-    // split count. The merge holds every CTA of a cluster until the last one
-    // is done, and clusters are placed whole inside one GPC: a grid of more
-    // clusters than that runs them in waves. There the workspace and the
-    // reduce are faster (fp8 d64 4x8192, 32 clusters of 8: 25.4 us in
-    // clusters against 16.1 through the workspace; session 6 in
-    // bench/RESULTS.md).
-    static std::atomic<int> resident[kMaxClusterSplits + 1] = {};  // 0 unknown, else 1 + the count
-    const int n = p.num_splits;
-    if (n < 2 || n > kMaxClusterSplits) detail::throw_invalid("num_splits", std::to_string(n), "2..8 for a cluster merge");
+  static constexpr auto kernel = paged_decode_kernel<Fmt, D, kTma, kPair>;
+  // Allows the instantiation's dynamic shared memory (> 48 KB), once.
+  static void allow_smem() {
+    static const bool ok =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
+    if (!ok) detail::cuda_check(cudaGetLastError(), "cudaFuncSetAttribute(paged_decode_kernel)");
+  }
+};
+
+// Calls f(DecodeInstance<Fmt, ...>{}) for the instantiation `id` names: the
+// shipped set is head_dim 64, 128, 256 and pairs of 64 (run at 128), each
+// through registers, and for the unscaled formats also through TMA
+// (DecodeConfig says why not NVFP4).
+template <class Fmt, bool kTma, class F>
+void with_decode_head_dim(const DecodeKernelId& id, F&& f) {
+  if (id.pair_kv_heads) {
+    if (id.head_dim == 128) return f(DecodeInstance<Fmt, 128, kTma, true>{});
+  } else {
+    switch (id.head_dim) {
+      case 64: return f(DecodeInstance<Fmt, 64, kTma, false>{});
+      case 128: return f(DecodeInstance<Fmt, 128, kTma, false>{});
+      case 256: return f(DecodeInstance<Fmt, 256, kTma, false>{});
+    }
+  }
+  detail::throw_unsupported("head_dim", id.head_dim, "64, 128, 256 (128 for a pair of kv heads of 64)");
+}
+template <class Fmt, class F>
+void with_decode_instance(const DecodeKernelId& id, F&& f) {
+  if (id.load_path == DecodeLoadPath::tma) {
+    if constexpr (!Fmt::kScaled) return with_decode_head_dim<Fmt, true>(id, f);
+    detail::throw_unsupported("load_path", "tma", "registers for a scaled format");
+  }
+  with_decode_head_dim<Fmt, false>(id, f);
+}
+
+// Launches the plan's kernel over grid (grid_x, p.num_splits); cluster > 1:
+// clusters of that many split CTAs, which merge in-kernel.
+template <class Fmt>
+void launch_decode(const DecodeParams& p, const DecodeKernelId& id, int64_t grid_x, int32_t cluster,
+                   cudaStream_t stream) {
+  with_decode_instance<Fmt>(id, [&](auto inst) {
+    using I = decltype(inst);
+    I::allow_smem();
+    // The kernel reads nothing before its griddepcontrol.wait.
+    detail::launch_dependent(detail::DependentLaunch(dim3(unsigned(grid_x), unsigned(p.num_splits)),
+                                                     dim3(I::Cfg::kThreads), I::Cfg::kSmemBytes, stream,
+                                                     unsigned(cluster)),
+                             I::kernel, "paged_decode_kernel", p);
+  });
+}
+
+// How many clusters of n CTAs of the instantiation `id` the current GPU
+// holds at once (cudaOccupancyMaxActiveClusters; 0 where it cannot launch
+// them), asked once per instantiation and n.
+template <class Fmt>
+int64_t resident_decode_clusters(const DecodeKernelId& id, int32_t n) {
+  if (n < 2 || n > geometry::kMaxClusterSplits) return 0;
+  int64_t result = 0;
+  with_decode_instance<Fmt>(id, [&](auto inst) {
+    using I = decltype(inst);
+    static std::atomic<int> resident[geometry::kMaxClusterSplits + 1] = {};  // 0 unknown, else 1 + the count
     if (resident[n].load() == 0) {
+      I::allow_smem();
       int clusters = 0;
-      const detail::DependentLaunch probe(dim3(unsigned(n), unsigned(n)), block, Cfg::kSmemBytes, stream, unsigned(n));
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.cfg) != cudaSuccess) {
+      const detail::DependentLaunch probe(dim3(unsigned(n), unsigned(n)), dim3(I::Cfg::kThreads), I::Cfg::kSmemBytes,
+                                          nullptr, unsigned(n));
+      if (cudaOccupancyMaxActiveClusters(&clusters, I::kernel, &probe.cfg) != cudaSuccess) {
         cudaGetLastError();  // an unsupported query is an answer (none), not an error
         clusters = 0;
       }
       resident[n].store(1 + clusters);
     }
-    p.cluster_merge = num_ctas <= resident[n].load() - 1;
-  }
-  // The kernel reads nothing before its griddepcontrol.wait.
-  detail::launch_dependent(
-      detail::DependentLaunch(grid, block, Cfg::kSmemBytes, stream, p.cluster_merge ? unsigned(p.num_splits) : 1u),
-      kernel, "paged_decode_kernel", p);
-  return p.num_splits == 1 || p.cluster_merge;
+    result = resident[n].load() - 1;
+  });
+  return result;
 }
 
-// The TMA kernel for the unscaled formats (DecodeConfig says why not NVFP4).
-template <class Fmt, int D, bool kPair = false>
-bool launch_decode_instance(const DecodeParams& p, int64_t num_ctas, cudaStream_t stream) {
-  if constexpr (!Fmt::kScaled) {
-    if (p.use_tma) return launch_decode_variant<Fmt, D, true, kPair>(p, num_ctas, stream);
-  }
-  return launch_decode_variant<Fmt, D, false, kPair>(p, num_ctas, stream);
-}
-
-template <class Fmt>
-bool launch_decode_format(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream) {
-  switch (head_dim) {
-    case 64:
-      return p.pair_kv_heads ? launch_decode_instance<Fmt, 128, true>(p, num_ctas, stream)
-                             : launch_decode_instance<Fmt, 64>(p, num_ctas, stream);
-    case 128: return launch_decode_instance<Fmt, 128>(p, num_ctas, stream);
-    case 256: return launch_decode_instance<Fmt, 256>(p, num_ctas, stream);
-  }
-  detail::throw_unsupported("head_dim", head_dim, "64, 128, 256");
-}
-
-// Each returns launch_decode_variant's answer: whether the output is complete.
-bool launch_decode_bf16(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream);
-bool launch_decode_fp8(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream);
-bool launch_decode_nvfp4(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream);
+// The per-format translation units (decode_<format>.cu).
+struct DecodeFormatKernels {
+  void (*launch)(const DecodeParams& p, const DecodeKernelId& id, int64_t grid_x, int32_t cluster,
+                 cudaStream_t stream);
+  int64_t (*resident_clusters)(const DecodeKernelId& id, int32_t n);
+};
+extern const DecodeFormatKernels kDecodeBf16Kernels, kDecodeFp8Kernels, kDecodeNvfp4Kernels;
 
 }  // namespace metrale::kernels

@@ -3,8 +3,6 @@
 
 namespace metrale::kernels {
 
-bool launch_decode_nvfp4(const DecodeParams& p, int head_dim, int64_t num_ctas, cudaStream_t stream) {
-  return launch_decode_format<Nvfp4Format>(p, head_dim, num_ctas, stream);
-}
+const DecodeFormatKernels kDecodeNvfp4Kernels{launch_decode<Nvfp4Format>, resident_decode_clusters<Nvfp4Format>};
 
 }  // namespace metrale::kernels

@@ -1,5 +1,7 @@
-// Device parameters of the paged decode kernel: the user's DecodeArgs
-// converted once (factors folded, layout flattened), passed by value.
+// Device parameters of the paged decode kernel: the user's DecodeArgs and
+// the plan's decisions converted once (factors folded, layout flattened),
+// passed by value. Which instantiation runs (format, head_dim, load path,
+// pairing) is the plan's and not repeated here.
 #pragma once
 
 #include <cuda.h>
@@ -7,38 +9,20 @@
 #include <cstdint>
 
 #include "metrale/codec.hpp"
+#include "plan/decode_geometry.hpp"
 
 namespace metrale::kernels {
 
-// q heads one decode CTA serves (the N of its MMAs); the launcher and the
-// planner count CTAs with it.
-constexpr int32_t kDecodeQHeadsPerCta = 8;
-
-// Resident decode CTAs per SM the split planner fills (~255 registers x
-// 128 threads: 2 fit an SM).
-constexpr int32_t kDecodeCtasPerSm = 2;
-
-// head_dim 64: a CTA serves two adjacent kv heads as one head of head_dim
-// 128 (their rows are adjacent in a token's row of the cache), their q
-// heads side by side in its 8 columns. Half-width rows put the per-step
-// costs of the kernel on half the bytes (fp8 0.58-0.63 R against 0.83-0.87
-// at head_dim 128). Pairing halves the CTAs of a batch, so it is chosen
-// only where the batch still fills a third of a resident wave (at most 2
-// splits): split shapes doubled their splits and lost (clusters of 4, or
-// 66 splits at 1x32768; session 6 in bench/RESULTS.md). The planner and
-// the launcher both decide by this rule.
-inline bool decode_pairs_kv_heads(int32_t head_dim, int32_t num_kv_heads, int32_t group, int64_t num_seqs,
-                                  int32_t num_sms) {
-  return head_dim == 64 && num_kv_heads % 2 == 0 && 2 * group <= kDecodeQHeadsPerCta &&
-         3 * num_seqs * (num_kv_heads / 2) > int64_t(num_sms) * kDecodeCtasPerSm;
-}
+// The kernel's geometry (q heads per CTA, CTAs per SM, pairing) is the
+// planner's: plan/decode_geometry.hpp.
+constexpr int32_t kDecodeQHeadsPerCta = geometry::kDecodeQHeadsPerCta;
 
 struct DecodeParams {
   // TMA descriptors of the K and V caches (kv_tensor_map.hpp): boxes of 16
-  // tokens of one head's (or head pair's) rows of one page; valid when use_tma.
+  // tokens of one head's (or head pair's) rows of one page; set for the TMA
+  // load path only.
   CUtensorMap k_map;
   CUtensorMap v_map;
-  bool use_tma;
   const bf16* q;             // [num_seqs, q_stride]; head h at h*D
   int64_t q_stride;          // elements
   const uint8_t* k_cache;    // page p at p*page_stride bytes
@@ -50,10 +34,10 @@ struct DecodeParams {
   int32_t max_blocks_per_seq;
   const int32_t* seq_lens;   // [num_seqs]
   int32_t num_q_heads;
-  // With pair_kv_heads (decode_pairs_kv_heads), num_kv_heads and group
-  // count the CTA's head pairs and their q heads (num_kv_heads / 2 and
-  // 2 * group of the cache); the kernel runs at head_dim 128.
-  int32_t pair_kv_heads;
+  // The plan's kv units: with paired kv heads (decode_geometry.hpp),
+  // num_kv_heads and group count the CTA's head pairs and their q heads
+  // (num_kv_heads / 2 and 2 * group of the cache); the kernel runs at
+  // head_dim 128.
   int32_t num_kv_heads;
   int32_t group;             // q heads per kv head
   int32_t head_tiles;        // ceil(group / kDecodeQHeadsPerCta): CTAs per (seq, kv head, split)

@@ -26,6 +26,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 
 }  // namespace
 
+bool tma_encoder_available() { return encoder() != nullptr; }
+
 bool make_kv_tensor_map(CUtensorMap& map, const void* base, const KvCacheLayout& L) {
   const auto encode = encoder();
   if (encode == nullptr) return false;

@@ -12,9 +12,12 @@ namespace metrale::kernels {
 // layout's page stride, and a box of 16 tokens x one head x min(row bytes,
 // 128) bytes (longer rows are several boxes), swizzled as wide as the box
 // (128B, 64B or 32B; the decode kernel's DecodeConfig reads it back with the
-// same XOR). Returns false, leaving `map`
-// unspecified, where the driver cannot encode it; the caller then keeps to
-// the kernel that loads through registers.
+// same XOR). Returns false, leaving `map` unspecified, where the driver
+// cannot encode it.
 bool make_kv_tensor_map(CUtensorMap& map, const void* base, const KvCacheLayout& layout);
+
+// Whether the driver's tensor-map encoder is there (the TMA load path can be
+// planned).
+bool tma_encoder_available();
 
 }  // namespace metrale::kernels

@@ -10,6 +10,7 @@
 #include "host/validate.hpp"
 #include "kernels/common/cuda_check.hpp"
 #include "kernels/common/dependent_launch.hpp"
+#include "kernels/reduce/reduce.hpp"
 #include "metrale/cuda.hpp"
 
 namespace metrale::kernels {
@@ -101,16 +102,24 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
 
 }  // namespace metrale::kernels
 
+namespace metrale::kernels {
+
+void launch_splitk_reduce(const ReduceArgs& args, cudaStream_t stream) {
+  if (args.num_seqs == 0) return;
+  const int64_t rows = int64_t(args.num_seqs) * args.num_q_heads;
+  METRALE_CHECK_ARG(rows <= detail::kMaxGridX, "num_seqs", args.num_seqs, "num_seqs * num_q_heads <= 2^31-1");
+  ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out};
+  detail::launch_dependent(detail::DependentLaunch(dim3(unsigned(rows)), dim3(unsigned(args.head_dim / 2)), 0, stream),
+                           splitk_reduce_kernel, "splitk_reduce_kernel", p);
+}
+
+}  // namespace metrale::kernels
+
 namespace metrale::cuda {
 
 void paged_decode_attn_reduce(const ReduceArgs& args, Stream stream) {
   detail::validate_reduce(args);
-  if (args.num_seqs == 0) return;
-  const int64_t rows = int64_t(args.num_seqs) * args.num_q_heads;
-  METRALE_CHECK_ARG(rows <= detail::kMaxGridX, "num_seqs", args.num_seqs, "num_seqs * num_q_heads <= 2^31-1");
-  kernels::ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out};
-  detail::launch_dependent(detail::DependentLaunch(dim3(unsigned(rows)), dim3(unsigned(args.head_dim / 2)), 0, stream),
-                           kernels::splitk_reduce_kernel, "splitk_reduce_kernel", p);
+  kernels::launch_splitk_reduce(args, stream);
 }
 
 }  // namespace metrale::cuda

@@ -1,0 +1,44 @@
+// The geometry of the CUDA decode kernel that its planner counts with: how
+// many q heads one CTA serves, how many CTAs an SM holds, when two kv heads
+// share a CTA, the largest cluster of split CTAs. CUDA-free: the planner
+// (src/plan) and the kernels (src/kernels/decode) both include it, so the
+// grid the planner counts is the grid the launcher launches.
+#pragma once
+
+#include <cstdint>
+
+namespace metrale::geometry {
+
+// q heads one decode CTA serves: the N of its m16n8k16 MMAs.
+constexpr int32_t kDecodeQHeadsPerCta = 8;
+
+// Resident decode CTAs per SM the split planner fills (~255 registers x
+// 128 threads: 2 fit an SM).
+constexpr int32_t kDecodeCtasPerSm = 2;
+
+// Largest split count merged inside a cluster of the split CTAs (the
+// portable cluster size).
+constexpr int32_t kMaxClusterSplits = 8;
+
+// Splits shorter than this cost more (prologue, epilogue, record) than
+// their parallelism gains: two 16-token steps per warp of a 4-warp CTA.
+constexpr int32_t kMinTokensPerSplit = 128;
+
+// head_dim 64: a CTA serves two adjacent kv heads as one head of head_dim
+// 128 (their rows are adjacent in a token's row of the cache), their q
+// heads side by side in its 8 columns. Half-width rows put the per-step
+// costs of the kernel on half the bytes (fp8 0.58-0.63 R against 0.83-0.87
+// at head_dim 128). Pairing halves the CTAs of a batch, so it is chosen
+// only where the batch still fills a third of a resident wave (at most 2
+// splits): split shapes doubled their splits and lost (clusters of 4, or
+// 66 splits at 1x32768; session 6 in bench/RESULTS.md).
+constexpr bool decode_can_pair_kv_heads(int32_t head_dim, int32_t num_kv_heads, int32_t group) {
+  return head_dim == 64 && num_kv_heads % 2 == 0 && 2 * group <= kDecodeQHeadsPerCta;
+}
+constexpr bool decode_pairs_kv_heads(int32_t head_dim, int32_t num_kv_heads, int32_t group, int64_t num_seqs,
+                                     int32_t num_sms) {
+  return decode_can_pair_kv_heads(head_dim, num_kv_heads, group) &&
+         3 * num_seqs * (num_kv_heads / 2) > int64_t(num_sms) * kDecodeCtasPerSm;
+}
+
+}  // namespace metrale::geometry
