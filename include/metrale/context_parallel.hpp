@@ -28,6 +28,7 @@
 
 #include "metrale/cuda.hpp"
 #include "metrale/ops.hpp"
+#include "metrale/softmax_state.hpp"
 
 struct ncclComm;  // ncclComm_t = ncclComm* (nccl.h); only metrale_nccl needs the definition
 
@@ -95,7 +96,7 @@ DecodeArgs rank_decode_args(const DecodeArgs& global, const RankShard& shard, co
 // rank_floats() f32 (what the all-gather sends):
 //   [S*H*splits records: the split-K workspace, index (seq*H + h)*splits + s]
 //   [S*H edge records, index seq*H + h]                       (has_edge only)
-// each record D + 2 floats (SYSTEM.md 4). Gathered: R such blocks, rank-major
+// each record softmax::record_floats(D) floats (softmax_state.hpp). Gathered: R such blocks, rank-major
 // (what ncclAllGather produces). Merged: the split-K layout with
 // merged_splits() = R * slots() splits, record ((seq*H + h)*R + r)*slots() + j,
 // j < splits the rank's splits, j = splits its edge record: ranks play the
@@ -110,7 +111,7 @@ struct CpLayout {
 
   int32_t slots() const { return splits_per_rank + (has_edge ? 1 : 0); }
   int32_t merged_splits() const { return num_ranks * slots(); }
-  size_t record_floats() const { return size_t(head_dim) + 2; }
+  size_t record_floats() const { return size_t(softmax::record_floats(head_dim)); }
   size_t splitk_floats() const { return size_t(num_seqs) * num_q_heads * splits_per_rank * record_floats(); }
   size_t rank_floats() const { return size_t(num_seqs) * num_q_heads * slots() * record_floats(); }
   size_t gathered_floats() const { return rank_floats() * num_ranks; }

@@ -47,7 +47,8 @@ struct DecodeArgs {
 
 // Split-K state (SYSTEM.md 4): f32 records of D + 2 floats, record index
 // (seq*num_q_heads + h)*num_splits + split: the split's normalised partial
-// output, then m (max logit) and l (sum of exp(logit - m)).
+// output, then m (max logit) and l (sum of exp(logit - m)). Layout, merge,
+// empty and NaN rules: metrale/softmax_state.hpp.
 struct SplitKWorkspace {
   float* data = nullptr;
   size_t bytes = 0;

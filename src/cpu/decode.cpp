@@ -19,12 +19,12 @@
 #include "host/validate.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/error.hpp"
+#include "metrale/softmax_state.hpp"
 
 namespace metrale::cpu {
 namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 void decode_single(const DecodeArgs& a) {
   const detail::DecodeContext c(a);
@@ -43,7 +43,7 @@ void decode_single(const DecodeArgs& a) {
         const float* acc = &st.acc[size_t(g) * c.head_dim];
         if (!valid || st.nan[g]) {
           for (int32_t d = 0; d < c.head_dim; ++d) o[d] = codec::float_to_bf16(kNaN);
-        } else if (st.l[g] == 0.0f) {  // nothing attended (seq_len 0)
+        } else if (softmax::State<>{st.m[g], st.l[g]}.is_empty()) {  // nothing attended (seq_len 0)
           for (int32_t d = 0; d < c.head_dim; ++d) o[d] = bf16{0};
         } else {
           const float s = c.v_out_scale / st.l[g];
@@ -56,7 +56,7 @@ void decode_single(const DecodeArgs& a) {
 
 void decode_splitk(const DecodeArgs& a, int32_t num_splits, float* ws) {
   const detail::DecodeContext c(a);
-  const int64_t rec = c.head_dim + 2;
+  const int64_t rec = softmax::record_floats(c.head_dim);
   const int64_t items = int64_t(a.num_seqs) * c.num_kv_heads * num_splits;
   detail::parallel_for(items, 1, [&](int64_t begin, int64_t end) {
     detail::GroupState st;
@@ -71,19 +71,19 @@ void decode_splitk(const DecodeArgs& a, int32_t num_splits, float* ws) {
       if (valid) detail::attend_pages(c, seq, kvh, pages, r.pos_begin, r.pos_end, st);
       for (int32_t g = 0; g < c.group; ++g) {
         const int64_t h = int64_t(kvh) * c.group + g;
-        float* o = ws + ((int64_t(seq) * a.num_q_heads + h) * num_splits + split) * rec;
+        float* o = ws + softmax::record_index(int64_t(seq) * a.num_q_heads + h, num_splits, split) * rec;
         const float* acc = &st.acc[size_t(g) * c.head_dim];
+        const softmax::State<> state{st.m[g], st.l[g]};
         if (!valid || st.nan[g]) {
-          std::fill(o, o + rec, kNaN);
-        } else if (st.l[g] == 0.0f) {  // empty split
+          std::fill(o, o + c.head_dim, kNaN);
+          softmax::store_state(o, c.head_dim, softmax::State<>::nan());
+        } else if (state.is_empty()) {
           std::fill(o, o + c.head_dim, 0.0f);
-          o[c.head_dim] = kNegInf;
-          o[c.head_dim + 1] = 0.0f;
+          softmax::store_state(o, c.head_dim, softmax::State<>::empty());
         } else {
           const float s = c.v_out_scale / st.l[g];
           for (int32_t d = 0; d < c.head_dim; ++d) o[d] = acc[d] * s;
-          o[c.head_dim] = st.m[g];
-          o[c.head_dim + 1] = st.l[g];
+          softmax::store_state(o, c.head_dim, state);
         }
       }
     }

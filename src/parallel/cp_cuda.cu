@@ -14,6 +14,7 @@
 #include "kernels/common/cuda_check.hpp"
 #include "metrale/codec.hpp"
 #include "metrale/context_parallel.hpp"
+#include "metrale/softmax_state.hpp"
 
 namespace metrale::kernels {
 
@@ -27,7 +28,7 @@ struct EdgeParams {
   KvScales scales;
   float sm_scale;
   const cp::EdgeSlice* edges;
-  float* records;  // [num_seqs * num_q_heads] records of D + 2
+  float* records;  // [num_seqs * num_q_heads] records (softmax_state.hpp)
 };
 
 __device__ __forceinline__ float edge_elem(const EdgeParams& p, const uint8_t* cache, bool is_k, int32_t page,
@@ -57,15 +58,11 @@ __global__ void __launch_bounds__(kEdgeThreads) cp_edge_kernel(const __grid_cons
   __shared__ float red[2];
   const int32_t seq = blockIdx.x / p.num_q_heads, h = blockIdx.x % p.num_q_heads;
   const int32_t D = p.layout.head_dim;
-  float* rec = p.records + int64_t(blockIdx.x) * (D + 2);
+  float* rec = p.records + int64_t(blockIdx.x) * softmax::record_floats(D);
   const cp::EdgeSlice e = p.edges[seq];
-  const float ninf = -__int_as_float(0x7f800000);
   if (e.page < 0 || e.end <= e.begin) {
     for (int d = threadIdx.x; d < D; d += blockDim.x) rec[d] = 0.0f;
-    if (threadIdx.x == 0) {
-      rec[D] = ninf;
-      rec[D + 1] = 0.0f;
-    }
+    if (threadIdx.x == 0) softmax::store_state(rec, D, softmax::State<>::empty());
     return;
   }
   const int32_t kvh = h / p.group, n = e.end - e.begin;
@@ -81,7 +78,7 @@ __global__ void __launch_bounds__(kEdgeThreads) cp_edge_kernel(const __grid_cons
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    float m = ninf;
+    float m = softmax::State<>::empty().m;
     for (int t = 0; t < n; ++t) m = fmaxf(m, s_s[t]);  // a NaN logit reaches l below
     float l = 0.0f;
     for (int t = 0; t < n; ++t) {
@@ -98,10 +95,7 @@ __global__ void __launch_bounds__(kEdgeThreads) cp_edge_kernel(const __grid_cons
     for (int t = 0; t < n; ++t) acc += s_s[t] * edge_elem(p, p.v, false, e.page, e.begin + t, kvh, d);
     rec[d] = acc / l;
   }
-  if (threadIdx.x == 0) {
-    rec[D] = m;
-    rec[D + 1] = l;
-  }
+  if (threadIdx.x == 0) softmax::store_state(rec, D, {m, l});
 }
 
 }  // namespace metrale::kernels

@@ -13,6 +13,7 @@
 #include "metrale/context_parallel.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/error.hpp"
+#include "metrale/softmax_state.hpp"
 
 namespace metrale::cp {
 
@@ -197,16 +198,14 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* rec)
   check_rank_args(a, edges, rec);
   const int32_t D = a.cache.layout.head_dim, H = a.num_q_heads;
   const int32_t group = H / a.cache.layout.num_kv_heads;
-  const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<float> s, q(size_t(D), 0.0f);
   for (int32_t i = 0; i < a.num_seqs; ++i) {
     const cp::EdgeSlice e = edges[i];
     for (int32_t h = 0; h < H; ++h) {
-      float* r = rec + (int64_t(i) * H + h) * (D + 2);
+      float* r = rec + (int64_t(i) * H + h) * softmax::record_floats(D);
       if (e.page < 0 || e.end <= e.begin) {
         std::fill(r, r + D, 0.0f);
-        r[D] = ninf;
-        r[D + 1] = 0.0f;
+        softmax::store_state(r, D, softmax::State<>::empty());
         continue;
       }
       METRALE_CHECK_ARG(e.page < a.cache.layout.num_blocks && e.begin >= 0 && e.end <= a.cache.layout.block_size,
@@ -214,7 +213,7 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* rec)
       const int32_t kvh = h / group;
       for (int32_t d = 0; d < D; ++d) q[size_t(d)] = codec::bf16_to_float(a.q[int64_t(i) * a.q_stride + int64_t(h) * D + d]);
       s.assign(size_t(e.end - e.begin), 0.0f);
-      float m = ninf;
+      float m = softmax::State<>::empty().m;
       for (int32_t t = e.begin; t < e.end; ++t) {
         float acc = 0.0f;
         for (int32_t d = 0; d < D; ++d) acc += q[size_t(d)] * cache_elem(a.cache, true, e.page, t, kvh, d);
@@ -231,8 +230,7 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* rec)
         for (int32_t t = e.begin; t < e.end; ++t) acc += s[size_t(t - e.begin)] * cache_elem(a.cache, false, e.page, t, kvh, d);
         r[d] = acc / l;
       }
-      r[D] = m;
-      r[D + 1] = l;
+      softmax::store_state(r, D, {m, l});
     }
   }
 }

@@ -55,6 +55,7 @@
 #include "kernels/common/tma.cuh"
 #include "kernels/decode/decode_params.hpp"
 #include "kernels/formats/format_policy.cuh"
+#include "metrale/softmax_state.hpp"
 #include "metrale/ops.hpp"
 
 namespace metrale::kernels {
@@ -256,9 +257,9 @@ __device__ __forceinline__ uint32_t load_bytes(const uint8_t* ptr) {
 
 // Split-K merged inside a cluster: the num_splits CTAs of a (sequence, kv
 // head, q-head tile) are one thread-block cluster, each holding its split's
-// records in shared memory (`recs`: [col][D + 2], the workspace layout of
-// SYSTEM.md 4). After a cluster barrier, CTA `rank` merges every num_splits-th
-// slice of the tile's outputs by the reduce's rule (reduce.cu), reading the
+// records in shared memory (`recs`: [col] records of softmax_state.hpp).
+// After a cluster barrier, CTA `rank` merges every num_splits-th slice of the
+// tile's outputs by the reduce's rule and order (reduce.cu), reading the
 // other CTAs' records through distributed shared memory, and writes them to
 // `out`; a second barrier keeps every CTA's records alive until all reads are
 // done. Replaces the workspace round trip and the reduce launch.
@@ -267,32 +268,24 @@ __device__ void cluster_merge_records(const DecodeParams& p, const float* recs, 
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
+  constexpr int kRec = softmax::record_floats(D);
   const int S = p.num_splits, rank = int(cluster.block_rank());
-  const float ninf = -__int_as_float(0x7f800000);
   for (int idx = rank * int(blockDim.x) + threadIdx.x; idx < cols * D; idx += S * int(blockDim.x)) {
     const int col = idx / D, d = idx % D;
-    float M = ninf;
-    bool nan = false;
-    for (int s = 0; s < S; ++s) {
-      const float* r = cluster.map_shared_rank(recs, s) + col * (D + 2);
-      const float m = r[D], l = r[D + 1];
-      nan |= (m != m) || (l != l);
-      M = fmaxf(M, m);
-    }
+    softmax::Merge<> mg;
+    for (int s = 0; s < S; ++s) mg.see(softmax::load_state(cluster.map_shared_rank(recs, s) + col * kRec, D));
     float a = 0.0f, L = 0.0f;
-    if (!nan && M != ninf) {
+    if (mg.sums()) {
       for (int s = 0; s < S; ++s) {
-        const float* r = cluster.map_shared_rank(recs, s) + col * (D + 2);
-        if (r[D] == ninf) continue;  // empty split
-        const float w = r[D + 1] * expf(r[D] - M);
+        const float* r = cluster.map_shared_rank(recs, s) + col * kRec;
+        const softmax::State<> st = softmax::load_state(r, D);
+        if (st.is_empty()) continue;
+        const float w = st.weight(mg.M);
         a += w * r[d];
         L += w;
       }
-      a /= L;
-    } else if (nan) {
-      a = __int_as_float(0x7fc00000);
     }
-    p.out[(seq * p.num_q_heads + head0 + col) * D + d] = codec::float_to_bf16(a);
+    p.out[(seq * p.num_q_heads + head0 + col) * D + d] = codec::float_to_bf16(mg.finalize(a, L));
   }
   cluster.sync();
 }
@@ -787,41 +780,44 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
   const bool bad = __syncthreads_or(bad_page);
 
   // Warp w writes the outputs of columns w, w + kWarps: each of its lanes
-  // derives those columns' warp weights from the four warps' states (the
-  // same values in every lane), then sums 32 consecutive d per pass. No
+  // merges those columns' four warp states (log2 units, softmax_state.hpp;
+  // the same values in every lane), then sums 32 consecutive d per pass. No
   // second barrier, and every warp has work at a group of 4 (warp 0
   // computing every weight behind a second barrier, then a rolled pass
   // over all outputs, cost 0.4-0.5 us per launch at 1x1024: v8.2 in
   // bench/RESULTS.md).
   const float qnan = __int_as_float(0x7fc00000);
-  float* const my_rec = reinterpret_cast<float*>(smem_bytes + Cfg::kRecOffset);  // [col][kHD + 2]
+  constexpr int kRec = softmax::record_floats(kHD);
+  float* const my_rec = reinterpret_cast<float*>(smem_bytes + Cfg::kRecOffset);  // [col] records
   static_assert(kHD % 32 == 0 && kCols % Cfg::kWarps == 0, "whole passes over the tile's outputs");
 #pragma unroll 1
   for (int col = warp; col < cols; col += Cfg::kWarps) {
-    float M = kNegInf, MT = kNegInf;
+    // The warps' states against their reference maxima; MT: the exact max.
+    softmax::State<softmax::Log2> ws[Cfg::kWarps];
+    softmax::Merge<softmax::Log2> mg;
+    float MT = kNegInf;
 #pragma unroll
     for (int w = 0; w < Cfg::kWarps; ++w) {
-      M = fmaxf(M, m_buf[w * kCols + col]);
+      ws[w] = {m_buf[w * kCols + col], l_buf[w * kCols + col]};
+      mg.see(ws[w]);
       MT = fmaxf(MT, mt_buf[w * kCols + col]);
     }
+    mg.nan = mg.nan || bad;
+    // wt[w] scales warp w's O^T to the merged state; L = sum of the weights.
     float wt[Cfg::kWarps];
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) {
-      const float mw = m_buf[w * kCols + col];
-      wt[w] = mw == kNegInf ? 0.0f : exp2f(mw - M);
-    }
+    for (int w = 0; w < Cfg::kWarps; ++w) wt[w] = ws[w].scale(mg.M);
     static_assert(Cfg::kWarps == 4, "the sum of L below");
-    const float L = (l_buf[col] * wt[0] + l_buf[kCols + col] * wt[1]) +
-                    (l_buf[2 * kCols + col] * wt[2] + l_buf[3 * kCols + col] * wt[3]);
+    const float L = (ws[0].l * wt[0] + ws[1].l * wt[1]) + (ws[2].l * wt[2] + ws[3].l * wt[3]);
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) wt[w] = L == 0.0f ? 0.0f : wt[w] / L;  // L = 0: nothing attended, output 0
+    for (int w = 0; w < Cfg::kWarps; ++w) wt[w] = mg.sums() ? wt[w] / mg.denominator(L) : 0.0f;
     const int64_t qh = int64_t(head0 + col);
     // The split's record (cluster merge: in shared memory), or none: the output.
     float* rec = nullptr;
     if (p.cluster_merge) {
-      rec = my_rec + col * (kHD + 2);
+      rec = my_rec + col * kRec;
     } else if (p.workspace != nullptr) {
-      rec = p.workspace + ((seq * p.num_q_heads + qh) * p.num_splits + split) * (kHD + 2);
+      rec = p.workspace + softmax::record_index(seq * p.num_q_heads + qh, p.num_splits, split) * kRec;
     }
     // Paired heads: the column's own head is the upper half of the tile's D.
     const int d0 = kPair && col >= cols / 2 ? kHD : 0;
@@ -831,19 +827,14 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
       float v = 0.0f;
 #pragma unroll
       for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[w * kCols * D + o_index(col, d0 + d)] * wt[w];
-      v = bad ? qnan : v * p.v_factor;
+      v = mg.nan ? qnan : v * p.v_factor;
       if (rec == nullptr) {
         p.out[(seq * p.num_q_heads + qh) * kHD + d] = codec::float_to_bf16(v);
       } else {
         rec[d] = v;
       }
     }
-    if (rec != nullptr && lane == 0) {
-      // The record's (m, l): the exact max (ln units) and L re-referenced to it.
-      constexpr float kLn2 = 0.69314718055994530942f;
-      rec[kHD] = bad ? qnan : (L == 0.0f ? kNegInf : MT * kLn2);
-      rec[kHD + 1] = bad ? qnan : (L == 0.0f ? 0.0f : L * exp2f(M - MT));
-    }
+    if (rec != nullptr && lane == 0) softmax::store_state(rec, kHD, softmax::to_record(mg.merged(L), MT));
   }
   if (p.cluster_merge) cluster_merge_records<kHD>(p, my_rec, seq, head0, cols);
 }

@@ -2,9 +2,9 @@
 // output. One reduce serves every KV format: the records are format-free.
 //
 // One CTA of D/2 threads (1-4 warps) per (sequence, q head); each thread
-// owns two output columns. Merge rule: M = max m_i, w_i = l_i * exp(m_i - M),
-// out = sum w_i o_i / sum w_i; all splits empty (m = -inf) gives 0, and a NaN
-// m or l (NaN in K/V, corrupt block table) makes the output NaN.
+// owns two output columns. The merge rule, the empty and NaN rules are
+// softmax_state.hpp's (M = max m_i, w_i = l_i * exp(m_i - M),
+// out = sum w_i o_i / sum w_i), summed in split order.
 #include <cuda_runtime.h>
 
 #include "host/validate.hpp"
@@ -12,6 +12,7 @@
 #include "kernels/common/dependent_launch.hpp"
 #include "kernels/reduce/reduce.hpp"
 #include "metrale/cuda.hpp"
+#include "metrale/softmax_state.hpp"
 
 namespace metrale::kernels {
 
@@ -39,8 +40,8 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   const int64_t row = blockIdx.x;  // seq * num_q_heads + head
   const int D = p.head_dim;
   const int S = p.num_splits;
-  const float* rec0 = p.workspace + row * S * (D + 2);
-  const float ninf = -__int_as_float(0x7f800000);
+  const int rec_len = softmax::record_floats(D);
+  const float* rec0 = p.workspace + softmax::record_index(row, S, 0) * rec_len;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int d = 2 * threadIdx.x;
   // This thread's two columns of the first kChunk splits, read together with
@@ -53,29 +54,26 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   auto load_chunk = [&](int s0) {
 #pragma unroll
     for (int i = 0; i < kChunk; ++i)
-      o[i] = s0 + i < S ? *reinterpret_cast<const float2*>(rec0 + (s0 + i) * (D + 2) + d) : make_float2(0.0f, 0.0f);
+      o[i] = s0 + i < S ? *reinterpret_cast<const float2*>(rec0 + (s0 + i) * rec_len + d) : make_float2(0.0f, 0.0f);
   };
   load_chunk(0);
 
-  float m_max = ninf;
-  bool nan = false;
+  softmax::Merge<> part;  // this thread's splits, then the CTA's (M over the warps' maxima)
   for (int s = threadIdx.x; s < S; s += blockDim.x) {
-    const float m = rec0[s * (D + 2) + D], l = rec0[s * (D + 2) + D + 1];
-    nan |= (m != m) || (l != l);
-    m_max = fmaxf(m_max, m);
-    m_s[s] = m;
-    w_s[s] = l;
+    const softmax::State<> st = softmax::load_state(rec0 + s * rec_len, D);
+    part.see(st);
+    m_s[s] = st.m;
+    w_s[s] = st.l;
   }
-  for (int x = 16; x > 0; x /= 2) m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, x));
-  if (lane == 0) warp_max[warp] = m_max;
-  nan = __syncthreads_or(nan);
-  float M = ninf;
-  for (int w = 0; w < warps; ++w) M = fmaxf(M, warp_max[w]);
+  for (int x = 16; x > 0; x /= 2) part.M = fmaxf(part.M, __shfl_xor_sync(0xffffffffu, part.M, x));
+  if (lane == 0) warp_max[warp] = part.M;
+  softmax::Merge<> mg;
+  mg.nan = __syncthreads_or(part.nan);
+  for (int w = 0; w < warps; ++w) mg.M = fmaxf(mg.M, warp_max[w]);
 
   float a0 = 0.0f, a1 = 0.0f, L = 0.0f;
-  if (!nan && M != ninf) {
-    for (int s = threadIdx.x; s < S; s += blockDim.x)
-      if (m_s[s] != ninf) w_s[s] *= expf(m_s[s] - M);
+  if (mg.sums()) {
+    for (int s = threadIdx.x; s < S; s += blockDim.x) w_s[s] = softmax::State<>{m_s[s], w_s[s]}.weight(mg.M);
     __syncthreads();
     // In split order, as before: the same sums, bit for bit.
 #pragma unroll 1
@@ -84,18 +82,16 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         const int s = s0 + i;
-        if (s >= S || m_s[s] == ninf) continue;  // past the splits, or an empty split
+        if (s >= S || softmax::State<>{m_s[s], 0.0f}.is_empty()) continue;  // past the splits, or an empty split
         const float w = w_s[s];
         a0 += w * o[i].x;
         a1 += w * o[i].y;
         L += w;
       }
     }
-    a0 /= L;
-    a1 /= L;
-  } else if (nan) {
-    a0 = a1 = __int_as_float(0x7fc00000);
   }
+  a0 = mg.finalize(a0, L);
+  a1 = mg.finalize(a1, L);
   p.out[row * D + d] = codec::float_to_bf16(a0);
   p.out[row * D + d + 1] = codec::float_to_bf16(a1);
 }
