@@ -1,11 +1,11 @@
-// The serve-sim block allocator (tools/metrale/block_allocator.hpp): it must
+// The serve-sim block allocator (apps/metrale/block_allocator.hpp): it must
 // never leak a page nor hand one out twice, whatever the order of allocations
 // and frees, and bookkeeping bugs (freeing an unknown or already-free page)
 // must fail with a typed metrale error. Also a short serve-sim run on the CPU
 // backend: finite outputs and every page back in the pool at the end.
 #include <gtest/gtest.h>
 
-#if __has_include("block_allocator.hpp")  // tools/ is built (METRALE_BUILD_TOOLS)
+#if __has_include("block_allocator.hpp")  // apps/ is built (METRALE_BUILD_APPS)
 #include <algorithm>
 #include <random>
 #include <set>
@@ -171,5 +171,5 @@ TEST(ServeSim, RejectsABudgetWithoutAPage) {
 }  // namespace
 
 #else
-TEST(BlockAllocator, NeedsTheTools) { GTEST_SKIP() << "tools/ not built (METRALE_BUILD_TOOLS=OFF)"; }
+TEST(BlockAllocator, NeedsTheApps) { GTEST_SKIP() << "apps/ not built (METRALE_BUILD_APPS=OFF)"; }
 #endif

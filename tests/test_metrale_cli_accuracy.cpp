@@ -1,10 +1,10 @@
-// `metrale accuracy` (tools/metrale/accuracy.hpp) on a small batch on the CPU
+// `metrale accuracy` (apps/metrale/accuracy.hpp) on a small batch on the CPU
 // backend: every output finite, and the error ordered as the formats' bits
 // are (bf16 < fp8 < nvfp4); a per-tensor second scale g does not hurt NVFP4
 // on average. Also the model-like data keeps its promised structure.
 #include <gtest/gtest.h>
 
-#if __has_include("accuracy.hpp")  // tools/ is built (METRALE_BUILD_TOOLS)
+#if __has_include("accuracy.hpp")  // apps/ is built (METRALE_BUILD_APPS)
 #include <cmath>
 
 #include "accuracy.hpp"
@@ -80,5 +80,5 @@ TEST(MetraleCliAccuracy, RealisticKeysHaveOutliersAndDependOnlyOnSeeds) {
 }  // namespace
 
 #else
-TEST(MetraleCliAccuracy, NeedsTheTools) { GTEST_SKIP() << "tools/ not built (METRALE_BUILD_TOOLS=OFF)"; }
+TEST(MetraleCliAccuracy, NeedsTheApps) { GTEST_SKIP() << "apps/ not built (METRALE_BUILD_APPS=OFF)"; }
 #endif

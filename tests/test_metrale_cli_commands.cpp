@@ -1,10 +1,10 @@
 // The `metrale` subcommands as the command line wires them
-// (tools/metrale/subcommands.hpp): options parse, --json / --csv files come
+// (apps/metrale/subcommands.hpp): options parse, --json / --csv files come
 // out with the promised fields, bad options are rejected by CLI11, and
 // `check` without a GPU is skipped with exit status 0.
 #include <gtest/gtest.h>
 
-#if __has_include("subcommands.hpp")  // tools/ is built (METRALE_BUILD_TOOLS)
+#if __has_include("subcommands.hpp")  // apps/ is built (METRALE_BUILD_APPS)
 #include <unistd.h>
 
 #include <algorithm>
@@ -88,5 +88,5 @@ TEST(MetraleCliCommands, CheckWithoutAGpuIsSkippedWithStatusZero) {
 }  // namespace
 
 #else
-TEST(MetraleCliCommands, NeedsTheTools) { GTEST_SKIP() << "tools/ not built (METRALE_BUILD_TOOLS=OFF)"; }
+TEST(MetraleCliCommands, NeedsTheApps) { GTEST_SKIP() << "apps/ not built (METRALE_BUILD_APPS=OFF)"; }
 #endif

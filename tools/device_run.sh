@@ -81,10 +81,10 @@ if [ "${CP_BENCH:-0}" = 1 ] && [ -x "$BUILD/bench/cp_bench" ]; then
     NCCL_DEBUG=WARN "$BUILD/bench/cp_bench" --gpus "$(nvidia-smi -L | wc -l)" --no-graph 2>&1 | tee -a "$OUT/cp_bench.log"
 fi
 # The main job, as a newcomer runs it, then its GPU subcommands (CLI=0 skips).
-if [ -x "$BUILD/tools/metrale" ]; then
-  "$BUILD/tools/metrale" 2>&1 | tee "$OUT/metrale.txt"
+if [ -x "$BUILD/metrale" ]; then
+  "$BUILD/metrale" 2>&1 | tee "$OUT/metrale.txt"
   if [ "${CLI:-1}" = 1 ]; then
-    M="$BUILD/tools/metrale"
+    M="$BUILD/metrale"
     "$M" check --json "$OUT/cli_check.json" >"$OUT/cli_check.log" 2>&1
     summary+=("$(printf '%-24s rc %d  %s' "metrale check" $? "$(tail -1 "$OUT/cli_check.log")")")
     "$M" accuracy --json "$OUT/cli_accuracy.json" >"$OUT/cli_accuracy.log" 2>&1
