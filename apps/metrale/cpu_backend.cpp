@@ -1,41 +1,50 @@
-// The demo on the CPU reference backend (see backends.hpp).
-#include <algorithm>
+// The CPU reference backend behind the Backend interface (see backend.hpp):
+// host memory, metrale::cpu:: calls (synchronous), timing by the wall clock.
+#include <cstdlib>
+#include <cstring>
+#include <new>
 
-#include "backends.hpp"
-#include "kv_setup.hpp"
+#include "backend.hpp"
 #include "metrale/cpu.hpp"
-#include "metrale/plan.hpp"
+#include "table.hpp"
 
 namespace metrale::cli {
+namespace {
 
-void score(FormatResult& r, const HostBatch& b, const std::vector<double>& ref, const BatchDecode& d,
-           const KvScales& scales) {
-  const KvCacheLayout layout = make_layout(r.format, b.shape, b.num_blocks);
-  const KvCacheView cache{layout, const_cast<uint8_t*>(d.k_cache.data()), const_cast<uint8_t*>(d.v_cache.data()),
-                          scales};
-  const int32_t hq = b.shape.num_q_heads, dim = b.shape.head_dim;
-  r.error = compare_to_reference(d.out.data(), ref, b.num_seqs(), hq, dim);
-  r.kernel_error = compare_to_reference(d.out.data(), attention_f64(b, cache_rows(b, cache)), b.num_seqs(), hq, dim);
-}
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  std::string device() const override { return format("CPU reference backend, %d threads", int(cpu::num_threads())); }
+  int32_t num_workers() const override { return cpu::num_threads(); }
 
-std::vector<FormatResult> run_cpu(const HostBatch& batch, const std::vector<double>& ref, int reps) {
-  double tokens = 0;
-  for (int32_t len : batch.seq_lens) tokens += len;
-  std::vector<FormatResult> rows;
-  for (KvFormat f : kAllFormats) {
-    FormatResult r;
-    r.format = f;
-    r.kv_bytes_per_token = make_layout(f, batch.shape, 1).kv_bytes_per_token();
-    const KvScales scales = calibrated_scales(batch, f);
-    // One warm-up decode (the output scored), then the median of `reps`.
-    const BatchDecode d = decode_batch_cpu(batch, f, scales, 0, std::max(reps, 1));
-    score(r, batch, ref, d, scales);
-    r.accuracy_splits = r.timed_splits = d.num_splits;
-    r.time_us = d.median_us;
-    r.attended_bytes = tokens * r.kv_bytes_per_token;
-    rows.push_back(r);
+  Buffer alloc(size_t bytes) override {
+    // 64-byte aligned (the library wants 16), rounded up as aligned_alloc requires.
+    void* p = std::aligned_alloc(64, std::max<size_t>((bytes + 63) / 64 * 64, 64));
+    if (!p) throw std::bad_alloc();
+    return Buffer(p, std::free);
   }
-  return rows;
-}
+  void fill(void* dst, uint8_t byte, size_t bytes) override { std::memset(dst, byte, bytes); }
+  void upload(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
+  void download(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+
+  void reshape_and_cache(const CacheWriteArgs& args) override { cpu::reshape_and_cache(args); }
+  void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws) override {
+    cpu::run_decode(plan, args, ws);
+  }
+  void synchronize() override {}
+
+  // The batch itself: one warm-up decode, then the median of `reps`.
+  DecodeTiming time_decode(const HostBatch& batch, KvFormat format, const KvScales& scales,
+                           const TimedBatch& timed) override {
+    const BatchDecode d = decode_batch(*this, batch, format, scales, std::max(timed.reps, 1));
+    double tokens = 0;
+    for (int32_t len : batch.seq_lens) tokens += len;
+    return DecodeTiming{d.num_splits, d.median_us, tokens * make_layout(format, batch.shape, 1).kv_bytes_per_token()};
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
 }  // namespace metrale::cli
