@@ -35,7 +35,7 @@ using namespace metrale;
 using metrale::bench::DecodeShape;
 using metrale::bench::DecodeWorkload;
 using metrale::bench::kRotationBytes;
-using metrale::bench::cuda_ok;
+constexpr auto& cuda_ok = metrale::test::cuda_check;  // testing/cuda_check.hpp
 using metrale::bench::split_list;
 
 struct Row {

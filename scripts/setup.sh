@@ -3,7 +3,7 @@
 # builds everything into build/ (library, CUDA kernels, tests, tools).
 # Idempotent: when all is installed and built it only checks, in seconds.
 #
-#   ./scripts/setup.sh            # then ./build/tools/metrale, ctest --test-dir build
+#   ./scripts/setup.sh            # then ./build/metrale, ctest --test-dir build
 #
 # Environment: BUILD_DIR (default build), BUILD_TYPE (default Release),
 # CMAKE_ARGS (extra configure arguments, first configure only).

@@ -1,16 +1,17 @@
-// The serve-sim block allocator (tools/metrale/block_allocator.hpp): it must
+// The serve-sim block allocator (apps/metrale/block_allocator.hpp): it must
 // never leak a page nor hand one out twice, whatever the order of allocations
 // and frees, and bookkeeping bugs (freeing an unknown or already-free page)
 // must fail with a typed metrale error. Also a short serve-sim run on the CPU
 // backend: finite outputs and every page back in the pool at the end.
 #include <gtest/gtest.h>
 
-#if __has_include("block_allocator.hpp")  // tools/ is built (METRALE_BUILD_TOOLS)
+#if __has_include("block_allocator.hpp")  // apps/ is built (METRALE_BUILD_APPS)
 #include <algorithm>
 #include <random>
 #include <set>
 #include <vector>
 
+#include "backend.hpp"
 #include "block_allocator.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/error.hpp"
@@ -114,7 +115,7 @@ TEST(ServeSim, ShortRunIsFiniteAndReturnsEveryPage) {
   c.output_max = 24;
   for (metrale::KvFormat f : {metrale::KvFormat::bf16, metrale::KvFormat::fp8_e4m3, metrale::KvFormat::nvfp4}) {
     SCOPED_TRACE(metrale::to_string(f));
-    const metrale::cli::ServeSimResult r = metrale::cli::run_serve_sim(c, f);
+    const metrale::cli::ServeSimResult r = metrale::cli::run_serve_sim(c, f, *metrale::cli::make_cpu_backend());
     EXPECT_EQ(r.finished + r.rejected, c.num_requests);
     EXPECT_EQ(r.rejected, 0);
     EXPECT_GT(r.decode_tokens, 0);
@@ -133,15 +134,16 @@ TEST(ServeSim, SmallerFormatsHoldMoreSequencesInTheSameBudget) {
   c.budget_mib = 0.5;
   c.num_requests = 24;
   c.arrival_rate = 4.0;
-  const auto bf16 = metrale::cli::run_serve_sim(c, metrale::KvFormat::bf16);
-  const auto nvfp4 = metrale::cli::run_serve_sim(c, metrale::KvFormat::nvfp4);
+  const auto cpu = metrale::cli::make_cpu_backend();
+  const auto bf16 = metrale::cli::run_serve_sim(c, metrale::KvFormat::bf16, *cpu);
+  const auto nvfp4 = metrale::cli::run_serve_sim(c, metrale::KvFormat::nvfp4, *cpu);
   EXPECT_GT(nvfp4.num_blocks, 3 * bf16.num_blocks);
   EXPECT_GT(nvfp4.peak_seqs, bf16.peak_seqs);
   EXPECT_LT(nvfp4.steps, bf16.steps);
 }
 
 // The schedule depends only on the request stream and the budget, so the
-// CUDA store must reproduce the CPU run step for step, with finite outputs.
+// CUDA backend must reproduce the CPU run step for step, with finite outputs.
 TEST(ServeSim, GpuRunSchedulesLikeTheCpuRun) {
   if (!metrale::cuda::available()) GTEST_SKIP() << "no sm_90 GPU";
   metrale::cli::ServeSimConfig c;
@@ -149,10 +151,11 @@ TEST(ServeSim, GpuRunSchedulesLikeTheCpuRun) {
   c.num_requests = 10;
   c.prompt_max = 100;
   c.output_max = 40;
+  const auto cpu_be = metrale::cli::make_cpu_backend(), cuda_be = metrale::cli::make_cuda_backend();
   for (metrale::KvFormat f : {metrale::KvFormat::bf16, metrale::KvFormat::fp8_e4m3, metrale::KvFormat::nvfp4}) {
     SCOPED_TRACE(metrale::to_string(f));
-    const auto cpu = metrale::cli::run_serve_sim(c, f, false, /*use_gpu=*/false);
-    const auto gpu = metrale::cli::run_serve_sim(c, f, false, /*use_gpu=*/true);
+    const auto cpu = metrale::cli::run_serve_sim(c, f, *cpu_be);
+    const auto gpu = metrale::cli::run_serve_sim(c, f, *cuda_be);
     EXPECT_EQ(gpu.steps, cpu.steps);
     EXPECT_EQ(gpu.decode_tokens, cpu.decode_tokens);
     EXPECT_EQ(gpu.preemptions, cpu.preemptions);
@@ -165,11 +168,12 @@ TEST(ServeSim, GpuRunSchedulesLikeTheCpuRun) {
 TEST(ServeSim, RejectsABudgetWithoutAPage) {
   metrale::cli::ServeSimConfig c;
   c.budget_mib = 1e-6;
-  EXPECT_THROW(metrale::cli::run_serve_sim(c, metrale::KvFormat::bf16), std::invalid_argument);
+  EXPECT_THROW(metrale::cli::run_serve_sim(c, metrale::KvFormat::bf16, *metrale::cli::make_cpu_backend()),
+               std::invalid_argument);
 }
 
 }  // namespace
 
 #else
-TEST(BlockAllocator, NeedsTheTools) { GTEST_SKIP() << "tools/ not built (METRALE_BUILD_TOOLS=OFF)"; }
+TEST(BlockAllocator, NeedsTheApps) { GTEST_SKIP() << "apps/ not built (METRALE_BUILD_APPS=OFF)"; }
 #endif

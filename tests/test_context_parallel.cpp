@@ -21,7 +21,7 @@
 #include "metrale/error.hpp"
 #include "support/device_problem.hpp"
 #include "support/problem.hpp"
-#include "support/reference.hpp"
+#include "testing/reference.hpp"
 
 namespace metrale::test {
 namespace {

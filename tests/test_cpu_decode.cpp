@@ -16,7 +16,7 @@
 #include "metrale/cpu.hpp"
 #include "metrale/plan.hpp"
 #include "support/problem.hpp"
-#include "support/reference.hpp"
+#include "testing/reference.hpp"
 
 namespace metrale::test {
 namespace {

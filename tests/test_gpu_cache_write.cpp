@@ -36,7 +36,7 @@
 #include <tuple>
 #include <vector>
 
-#include "support/device_buffer.hpp"
+#include "support/device_problem.hpp"
 
 // Readable test parameters in CTest's names ("fp8" rather than a byte dump).
 namespace metrale {

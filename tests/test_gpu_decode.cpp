@@ -12,7 +12,7 @@
 #include "metrale/cuda.hpp"
 #include "metrale/error.hpp"
 #include "support/device_problem.hpp"
-#include "support/reference.hpp"
+#include "testing/reference.hpp"
 
 namespace metrale::test {
 namespace {

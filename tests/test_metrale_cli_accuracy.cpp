@@ -1,13 +1,14 @@
-// `metrale accuracy` (tools/metrale/accuracy.hpp) on a small batch on the CPU
+// `metrale accuracy` (apps/metrale/accuracy.hpp) on a small batch on the CPU
 // backend: every output finite, and the error ordered as the formats' bits
 // are (bf16 < fp8 < nvfp4); a per-tensor second scale g does not hurt NVFP4
 // on average. Also the model-like data keeps its promised structure.
 #include <gtest/gtest.h>
 
-#if __has_include("accuracy.hpp")  // tools/ is built (METRALE_BUILD_TOOLS)
+#if __has_include("accuracy.hpp")  // apps/ is built (METRALE_BUILD_APPS)
 #include <cmath>
 
 #include "accuracy.hpp"
+#include "backend.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/cuda.hpp"
 #include "realistic_kv.hpp"
@@ -21,16 +22,16 @@ TEST(MetraleCliAccuracy, ErrorsAreFiniteAndOrderedByFormat) {
   AccuracyOptions o;
   o.seqs = 3;
   o.max_len = 300;
-  const AccuracyReport r = run_accuracy(o);
+  const AccuracyReport r = run_accuracy(o, *make_cpu_backend());
   ASSERT_EQ(r.rows.size(), 6u);
   for (const AccuracyRow& row : r.rows) {
     SCOPED_TRACE(std::string(to_string(row.format)) + " " + row.calibration);
     EXPECT_EQ(row.error.nonfinite, 0);
     EXPECT_GT(row.error.blocks, 0);
-    EXPECT_TRUE(std::isfinite(row.error.max_rel_l2));
+    EXPECT_TRUE(std::isfinite(row.error.worst_rel_l2));
   }
   const AccuracyRow &bf16 = r.rows[0], &fp8 = r.rows[1], &nvfp4_g1 = r.rows[3], &nvfp4_g = r.rows[4];
-  EXPECT_LT(bf16.error.max_rel_l2, 1e-2);  // output rounding only
+  EXPECT_LT(bf16.error.worst_rel_l2, 1e-2);  // output rounding only
   EXPECT_LT(bf16.error.mean_rel_l2, fp8.error.mean_rel_l2);
   EXPECT_LT(fp8.error.mean_rel_l2, nvfp4_g.error.mean_rel_l2);
   EXPECT_LT(nvfp4_g.error.mean_rel_l2, 1.1 * nvfp4_g1.error.mean_rel_l2);
@@ -46,15 +47,14 @@ TEST(MetraleCliAccuracy, GpuGivesTheCpuNumbersUpToRounding) {
   AccuracyOptions o;
   o.seqs = 3;
   o.max_len = 300;
-  const AccuracyReport cpu_rep = run_accuracy(o);
-  o.use_gpu = true;
-  const AccuracyReport gpu_rep = run_accuracy(o);
+  const AccuracyReport cpu_rep = run_accuracy(o, *make_cpu_backend());
+  const AccuracyReport gpu_rep = run_accuracy(o, *make_cuda_backend());
   ASSERT_EQ(cpu_rep.rows.size(), gpu_rep.rows.size());
   for (size_t i = 0; i < cpu_rep.rows.size(); ++i) {
     SCOPED_TRACE(i);
     EXPECT_EQ(gpu_rep.rows[i].error.nonfinite, 0);
     EXPECT_NEAR(gpu_rep.rows[i].error.mean_rel_l2, cpu_rep.rows[i].error.mean_rel_l2, 5e-3);
-    EXPECT_NEAR(gpu_rep.rows[i].error.max_rel_l2, cpu_rep.rows[i].error.max_rel_l2, 1e-2);
+    EXPECT_NEAR(gpu_rep.rows[i].error.worst_rel_l2, cpu_rep.rows[i].error.worst_rel_l2, 1e-2);
   }
 }
 
@@ -80,5 +80,5 @@ TEST(MetraleCliAccuracy, RealisticKeysHaveOutliersAndDependOnlyOnSeeds) {
 }  // namespace
 
 #else
-TEST(MetraleCliAccuracy, NeedsTheTools) { GTEST_SKIP() << "tools/ not built (METRALE_BUILD_TOOLS=OFF)"; }
+TEST(MetraleCliAccuracy, NeedsTheApps) { GTEST_SKIP() << "apps/ not built (METRALE_BUILD_APPS=OFF)"; }
 #endif

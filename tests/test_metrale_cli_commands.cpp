@@ -1,10 +1,9 @@
 // The `metrale` subcommands as the command line wires them
-// (tools/metrale/subcommands.hpp): options parse, --json / --csv files come
-// out with the promised fields, bad options are rejected by CLI11, and
-// `check` without a GPU is skipped with exit status 0.
+// (apps/metrale/subcommands.hpp): options parse, --json / --csv files come
+// out with the promised fields, and bad options are rejected by CLI11.
 #include <gtest/gtest.h>
 
-#if __has_include("subcommands.hpp")  // tools/ is built (METRALE_BUILD_TOOLS)
+#if __has_include("subcommands.hpp")  // apps/ is built (METRALE_BUILD_APPS)
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "metrale/cuda.hpp"
 #include "subcommands.hpp"
 
 namespace {
@@ -28,8 +26,6 @@ int run_metrale(std::vector<std::string> args) {
   int status = -1;
   metrale::cli::add_accuracy_command(app, &status);
   metrale::cli::add_serve_sim_command(app, &status);
-  metrale::cli::add_bench_command(app, &status);
-  metrale::cli::add_check_command(app, &status);
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last-first
   app.parse(args);
   return status;
@@ -70,23 +66,12 @@ TEST(MetraleCliCommands, ServeSimWritesJsonAndCsv) {
 TEST(MetraleCliCommands, BadOptionsAreRejectedByTheParser) {
   EXPECT_THROW(run_metrale({"serve-sim", "--formats", "fp9"}), CLI::ValidationError);
   EXPECT_THROW(run_metrale({"serve-sim", "--budget-mib", "-1"}), CLI::ValidationError);
-  EXPECT_THROW(run_metrale({"bench", "--shapes", "64by4096"}), CLI::ValidationError);
+  EXPECT_THROW(run_metrale({"bench"}), CLI::ParseError);  // the benchmark is metrale_bench
   EXPECT_THROW(run_metrale({"accuracy", "--no-such-option"}), CLI::ParseError);
-}
-
-TEST(MetraleCliCommands, CheckWithoutAGpuIsSkippedWithStatusZero) {
-  if (metrale::cuda::available()) GTEST_SKIP() << "a GPU is present: check runs for real (tests/test_gpu_* cover it)";
-  const fs::path json = temp_file("check.json");
-  EXPECT_EQ(run_metrale({"check", "--json", json.string()}), 0);
-  std::ifstream jf(json);
-  const nlohmann::json j = nlohmann::json::parse(jf);
-  EXPECT_EQ(j["skipped"], true);
-  EXPECT_FALSE(j["reason"].get<std::string>().empty());
-  fs::remove(json);
 }
 
 }  // namespace
 
 #else
-TEST(MetraleCliCommands, NeedsTheTools) { GTEST_SKIP() << "tools/ not built (METRALE_BUILD_TOOLS=OFF)"; }
+TEST(MetraleCliCommands, NeedsTheApps) { GTEST_SKIP() << "apps/ not built (METRALE_BUILD_APPS=OFF)"; }
 #endif

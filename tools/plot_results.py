@@ -4,7 +4,7 @@
   tools/plot_results.py --bench-csv bench/results/2026-11-30-v4/bench.csv \
                         --serve-json serve.json --out-dir plots/
 
---bench-csv: a CSV of metrale_bench or `metrale bench` (columns op, shape,
+--bench-csv: a CSV of metrale_bench (columns op, shape,
   splits, us, gbps, fraction_of_ceiling, ceiling_gbps, max_rel_err, note;
   shape like "fp8 64x4096 32/8 d128") -> bench_gbps.png: decode GB/s against
   context length per format (batched and single-sequence shapes as separate
@@ -95,7 +95,7 @@ def plot_serve(doc, out, plt):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bench-csv", type=Path, help="metrale_bench / `metrale bench` CSV")
+    ap.add_argument("--bench-csv", type=Path, help="metrale_bench CSV")
     ap.add_argument("--serve-json", type=Path, help="`metrale serve-sim --json` output")
     ap.add_argument("--out-dir", type=Path, default=Path("."), help="where the PNGs go (default: .)")
     args = ap.parse_args()

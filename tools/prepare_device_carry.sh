@@ -2,7 +2,7 @@
 # Prepares, on this (Debian, networked) machine, what the GPU machine lacks,
 # in the git-ignored folders that the device tool carries:
 #   .deps/googletest, .deps/include/{CLI,nlohmann}  sources/headers for a build there
-#   .deps/build/{tests,bench,tools}                  binaries built here (static cudart)
+#   .deps/build/{tests,bench,metrale}               binaries built here (static cudart)
 #   .whl/                                            scikit-build-core wheels for the Python tests
 # Then, on the GPU machine (carry [".deps", ".whl"]):
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh
@@ -10,13 +10,13 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ./scripts/setup.sh >/dev/null
-mkdir -p .deps/include .deps/build/tests .deps/build/bench .deps/build/tools .whl
+mkdir -p .deps/include .deps/build/tests .deps/build/bench .whl
 rm -rf .deps/googletest && cp -r /usr/src/googletest .deps/googletest
 cp -r /usr/include/CLI /usr/include/nlohmann .deps/include/
 for t in build/tests/test_*; do [ -f "$t" ] && [ -x "$t" ] && cp "$t" .deps/build/tests/; done
 cp build/bench/metrale_bench .deps/build/bench/
 [ -x build/bench/cp_bench ] && cp build/bench/cp_bench .deps/build/bench/
-cp build/tools/metrale .deps/build/tools/
+cp build/metrale .deps/build/
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 -d .whl scikit-build-core==1.1.2 'packaging>=23.2' 'pathspec>=0.12.0'
 du -sh .deps .whl

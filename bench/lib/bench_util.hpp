@@ -1,7 +1,6 @@
-// Small helpers shared by the benchmark programs and their support library.
+// Small helpers shared by the benchmark programs and their support library
+// (the CUDA check is testing/cuda_check.hpp, shared with the tests and apps).
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,13 +11,9 @@
 #include <vector>
 
 #include "metrale/codec.hpp"
+#include "testing/cuda_check.hpp"
 
 namespace metrale::bench {
-
-// Benchmarks stop on the first CUDA error, naming the call.
-inline void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // "a,b,,c" -> {"a", "b", "c"}: the comma lists of the command lines.
 inline std::vector<std::string> split_list(const std::string& s) {

@@ -77,19 +77,19 @@ DecodeWorkload::DecodeWorkload(const DecodeShape& s, size_t min_rotation_bytes, 
   bf16 *key = nullptr, *value = nullptr;
   int64_t* slots = nullptr;
   float* absmax = nullptr;
-  cuda_ok(cudaMalloc(&key, chunk * row * sizeof(bf16)), "cudaMalloc(key)");
-  cuda_ok(cudaMalloc(&value, chunk * row * sizeof(bf16)), "cudaMalloc(value)");
-  cuda_ok(cudaMalloc(&slots, chunk * sizeof(int64_t)), "cudaMalloc(slots)");
-  cuda_ok(cudaMalloc(&absmax, 2 * sizeof(float)), "cudaMalloc(absmax)");
+  test::cuda_check(cudaMalloc(&key, chunk * row * sizeof(bf16)), "cudaMalloc(key)");
+  test::cuda_check(cudaMalloc(&value, chunk * row * sizeof(bf16)), "cudaMalloc(value)");
+  test::cuda_check(cudaMalloc(&slots, chunk * sizeof(int64_t)), "cudaMalloc(slots)");
+  test::cuda_check(cudaMalloc(&absmax, 2 * sizeof(float)), "cudaMalloc(absmax)");
 
   // Scales calibrated on the first chunk of the data, as an engine would.
   random_rows<<<1024, 256>>>(key, chunk * row, row, seed, true);
   random_rows<<<1024, 256>>>(value, chunk * row, row, seed + 1, false);
-  cuda_ok(cudaMemset(absmax, 0, 2 * sizeof(float)), "cudaMemset");
+  test::cuda_check(cudaMemset(absmax, 0, 2 * sizeof(float)), "cudaMemset");
   cuda::bf16_absmax(key, chunk, row, row, absmax);
   cuda::bf16_absmax(value, chunk, row, row, absmax + 1);
   float am[2];
-  cuda_ok(cudaMemcpy(am, absmax, sizeof(am), cudaMemcpyDeviceToHost), "absmax download");
+  test::cuda_check(cudaMemcpy(am, absmax, sizeof(am), cudaMemcpyDeviceToHost), "absmax download");
   if (s.format == KvFormat::fp8_e4m3) {
     scales_.k_scale = fp8_scale_from_absmax(am[0]);
     scales_.v_scale = fp8_scale_from_absmax(am[1]);
@@ -101,8 +101,8 @@ DecodeWorkload::DecodeWorkload(const DecodeShape& s, size_t min_rotation_bytes, 
   std::vector<int64_t> host_slots(chunk);
   for (int r = 0; r < n_rep; ++r) {
     auto c = std::make_unique<Cache>();
-    cuda_ok(cudaMalloc(&c->k, layout_.cache_bytes()), "cudaMalloc(k cache)");
-    cuda_ok(cudaMalloc(&c->v, layout_.cache_bytes()), "cudaMalloc(v cache)");
+    test::cuda_check(cudaMalloc(&c->k, layout_.cache_bytes()), "cudaMalloc(k cache)");
+    test::cuda_check(cudaMalloc(&c->v, layout_.cache_bytes()), "cudaMalloc(v cache)");
     std::vector<int32_t> perm(pages);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
@@ -111,8 +111,8 @@ DecodeWorkload::DecodeWorkload(const DecodeShape& s, size_t min_rotation_bytes, 
     for (int32_t i = 0; i < s.num_seqs; ++i)
       for (int32_t p = 0; p < (host_lens_[i] + s.block_size - 1) / s.block_size; ++p)
         tables[int64_t(i) * max_blocks_per_seq_ + p] = perm[next++];
-    cuda_ok(cudaMalloc(&c->tables, tables.size() * sizeof(int32_t)), "cudaMalloc(tables)");
-    cuda_ok(cudaMemcpy(c->tables, tables.data(), tables.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "tables");
+    test::cuda_check(cudaMalloc(&c->tables, tables.size() * sizeof(int32_t)), "cudaMalloc(tables)");
+    test::cuda_check(cudaMemcpy(c->tables, tables.data(), tables.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "tables");
 
     CacheWriteArgs w;
     w.key = key;
@@ -131,7 +131,7 @@ DecodeWorkload::DecodeWorkload(const DecodeShape& s, size_t min_rotation_bytes, 
       }
       random_rows<<<1024, 256>>>(key, n * row, row, seed + 2 * (ci + 1) + 1000 * r, true);
       random_rows<<<1024, 256>>>(value, n * row, row, seed + 2 * (ci + 1) + 1 + 1000 * r, false);
-      cuda_ok(cudaMemcpy(slots, host_slots.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice), "slots");
+      test::cuda_check(cudaMemcpy(slots, host_slots.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice), "slots");
       w.num_tokens = n;
       cuda::reshape_and_cache(w);
       done += n;
@@ -139,11 +139,11 @@ DecodeWorkload::DecodeWorkload(const DecodeShape& s, size_t min_rotation_bytes, 
     caches_.push_back(std::move(c));
   }
   const int64_t q_elems = int64_t(s.num_seqs) * s.num_q_heads * s.head_dim;
-  cuda_ok(cudaMalloc(&q_, q_elems * sizeof(bf16)), "cudaMalloc(q)");
+  test::cuda_check(cudaMalloc(&q_, q_elems * sizeof(bf16)), "cudaMalloc(q)");
   random_rows<<<1024, 256>>>(q_, q_elems, s.num_q_heads * s.head_dim, seed + 7, false);
-  cuda_ok(cudaMalloc(&seq_lens_, s.num_seqs * sizeof(int32_t)), "cudaMalloc(seq_lens)");
-  cuda_ok(cudaMemcpy(seq_lens_, host_lens_.data(), s.num_seqs * sizeof(int32_t), cudaMemcpyHostToDevice), "lens");
-  cuda_ok(cudaDeviceSynchronize(), "workload setup");
+  test::cuda_check(cudaMalloc(&seq_lens_, s.num_seqs * sizeof(int32_t)), "cudaMalloc(seq_lens)");
+  test::cuda_check(cudaMemcpy(seq_lens_, host_lens_.data(), s.num_seqs * sizeof(int32_t), cudaMemcpyHostToDevice), "lens");
+  test::cuda_check(cudaDeviceSynchronize(), "workload setup");
   cudaFree(key);
   cudaFree(value);
   cudaFree(slots);
@@ -189,10 +189,10 @@ DecodeWorkload::HostCopy DecodeWorkload::download_replica0() const {
   h.block_tables.resize(int64_t(shape_.num_seqs) * max_blocks_per_seq_);
   h.seq_lens = host_lens_;
   h.q.resize(int64_t(shape_.num_seqs) * shape_.num_q_heads * shape_.head_dim);
-  cuda_ok(cudaMemcpy(h.k.data(), c.k, h.k.size(), cudaMemcpyDeviceToHost), "download k");
-  cuda_ok(cudaMemcpy(h.v.data(), c.v, h.v.size(), cudaMemcpyDeviceToHost), "download v");
-  cuda_ok(cudaMemcpy(h.block_tables.data(), c.tables, h.block_tables.size() * 4, cudaMemcpyDeviceToHost), "tables");
-  cuda_ok(cudaMemcpy(h.q.data(), q_, h.q.size() * sizeof(bf16), cudaMemcpyDeviceToHost), "download q");
+  test::cuda_check(cudaMemcpy(h.k.data(), c.k, h.k.size(), cudaMemcpyDeviceToHost), "download k");
+  test::cuda_check(cudaMemcpy(h.v.data(), c.v, h.v.size(), cudaMemcpyDeviceToHost), "download v");
+  test::cuda_check(cudaMemcpy(h.block_tables.data(), c.tables, h.block_tables.size() * 4, cudaMemcpyDeviceToHost), "tables");
+  test::cuda_check(cudaMemcpy(h.q.data(), q_, h.q.size() * sizeof(bf16), cudaMemcpyDeviceToHost), "download q");
   return h;
 }
 

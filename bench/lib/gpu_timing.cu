@@ -43,26 +43,26 @@ double empty_launch_us() {
 double median_us_per_call(const std::function<void(int, cudaStream_t)>& enqueue, int launches_per_graph, int warmup,
                           int reps) {
   cudaStream_t s;
-  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  test::cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  test::cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   for (int i = 0; i < launches_per_graph; ++i) enqueue(i, s);
-  cuda_ok(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
-  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  test::cuda_check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  test::cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   cudaEvent_t a, b;
-  cuda_ok(cudaEventCreate(&a), "cudaEventCreate");
-  cuda_ok(cudaEventCreate(&b), "cudaEventCreate");
-  for (int i = 0; i < warmup; ++i) cuda_ok(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+  test::cuda_check(cudaEventCreate(&a), "cudaEventCreate");
+  test::cuda_check(cudaEventCreate(&b), "cudaEventCreate");
+  for (int i = 0; i < warmup; ++i) test::cuda_check(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
   std::vector<float> ms(reps);
   for (int r = 0; r < reps; ++r) {
-    cuda_ok(cudaEventRecord(a, s), "cudaEventRecord");
-    cuda_ok(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
-    cuda_ok(cudaEventRecord(b, s), "cudaEventRecord");
-    cuda_ok(cudaEventSynchronize(b), "cudaEventSynchronize");
-    cuda_ok(cudaEventElapsedTime(&ms[r], a, b), "cudaEventElapsedTime");
+    test::cuda_check(cudaEventRecord(a, s), "cudaEventRecord");
+    test::cuda_check(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+    test::cuda_check(cudaEventRecord(b, s), "cudaEventRecord");
+    test::cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    test::cuda_check(cudaEventElapsedTime(&ms[r], a, b), "cudaEventElapsedTime");
   }
-  cuda_ok(cudaGetLastError(), "timed launches");
+  test::cuda_check(cudaGetLastError(), "timed launches");
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   cudaGraphExecDestroy(exec);
@@ -77,12 +77,12 @@ double measure_read_ceiling_gbps(size_t bytes) {
   constexpr int kWindows = 4;  // disjoint windows: 4 x 1 GiB arena defeats the 60 MB L2
   uint8_t* arena = nullptr;
   uint32_t* sink = nullptr;
-  cuda_ok(cudaMalloc(&arena, bytes * kWindows), "cudaMalloc(read arena)");
-  cuda_ok(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc(sink)");
-  cuda_ok(cudaMemset(arena, 0x5a, bytes * kWindows), "cudaMemset(read arena)");
+  test::cuda_check(cudaMalloc(&arena, bytes * kWindows), "cudaMalloc(read arena)");
+  test::cuda_check(cudaMalloc(&sink, sizeof(uint32_t)), "cudaMalloc(sink)");
+  test::cuda_check(cudaMemset(arena, 0x5a, bytes * kWindows), "cudaMemset(read arena)");
   int sms = 0, dev = 0;
-  cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
-  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  test::cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  test::cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   const size_t n16 = bytes / 16;
   const double us = median_us_per_call(
       [&](int call, cudaStream_t s) {

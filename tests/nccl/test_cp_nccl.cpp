@@ -17,7 +17,7 @@
 #include "metrale/context_parallel.hpp"
 #include "support/device_problem.hpp"
 #include "support/problem.hpp"
-#include "support/reference.hpp"
+#include "testing/reference.hpp"
 
 namespace metrale::test {
 namespace {

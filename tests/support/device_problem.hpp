@@ -1,12 +1,23 @@
 // A HostProblem mirrored on the device: caches, q, tables and lengths, each
-// inside guard regions, plus a poisoned output. GPU tests build one, run a
-// kernel on args(), and compare download_out() with the float64 reference.
+// inside guard regions (testing/device_buffer.hpp), plus a poisoned output.
+// GPU tests build one, run a kernel on args(), and compare download_out()
+// with the float64 reference. Every GPU test starts with
+// METRALE_SKIP_WITHOUT_GPU(), so it reports "skipped" (never "passed") on
+// machines without a GPU.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <vector>
 
-#include "support/device_buffer.hpp"
+#include "metrale/cuda.hpp"
 #include "support/problem.hpp"
+#include "testing/device_buffer.hpp"
+
+#define METRALE_SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                              \
+    if (!::metrale::cuda::available()) GTEST_SKIP() << "no sm_90 CUDA device here"; \
+  } while (0)
 
 namespace metrale::test {
 

@@ -112,6 +112,8 @@ void poison_cache(HostProblem& p, char which, int32_t seq, int32_t pos, int32_t 
   }
 }
 
+std::vector<double> reference_decode(const HostProblem& p) { return reference_decode(p.args(nullptr)); }
+
 HostProblem make_problem(const DecodeCase& c, uint64_t seed) {
   if (c.q_stride_pad % 8 || c.kv_row_pad % 8 || c.page_pad_bytes % 16 || c.q_stride_pad < 0 || c.kv_row_pad < 0 ||
       c.page_pad_bytes < 0 || c.extra_blocks < 0 || c.group < 1)

@@ -17,6 +17,7 @@
 #include "metrale/cache.hpp"
 #include "metrale/codec.hpp"
 #include "metrale/ops.hpp"
+#include "testing/reference.hpp"
 
 namespace metrale::test {
 
@@ -72,6 +73,10 @@ struct HostProblem {
 };
 
 HostProblem make_problem(const DecodeCase& c, uint64_t seed);
+
+// The float64 reference (testing/reference.hpp) over p's cache: what every
+// decode of p must match (compare_decode).
+std::vector<double> reference_decode(const HostProblem& p);
 
 // Writes a NaN into the cache element (seq, pos, kv head h, d) of K
 // (`which` 'k') or V ('v'); for nvfp4 into the scale of d's group (E2M1

@@ -5,8 +5,8 @@
 #include <memory>
 
 #include "accuracy.hpp"
+#include "backend.hpp"
 #include "metrale/cpu.hpp"
-#include "metrale/cuda.hpp"
 #include "subcommands.hpp"
 #include "table.hpp"
 
@@ -31,10 +31,8 @@ int run(Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
   if (o.threads > 0) cpu::set_num_threads(o.threads);
   std::string reason;
-  const std::string backend = pick_backend(o.force_cpu, &reason);
-  o.acc.use_gpu = backend == "cuda";
-  const std::string device =
-      o.acc.use_gpu ? cuda::device_info().name : format("CPU reference backend, %d threads", int(cpu::num_threads()));
+  const std::unique_ptr<Backend> be = make_backend(o.force_cpu, &reason);
+  const std::string backend = be->name(), device = be->device();
   const LayerShape& s = o.acc.shape;
   std::printf("metrale accuracy: attention-output error of FP8 and NVFP4 KV caches against the BF16 cache\n");
   std::printf("  one Qwen3-8B-shaped layer (%d q / %d kv heads, head_dim %d, page %d) on model-like K/V:\n",
@@ -44,7 +42,7 @@ int run(Options& o) {
   std::printf("backend: %s%s\n", device.c_str(), reason.empty() ? "" : (" (no GPU run: " + reason + ")").c_str());
   std::fflush(stdout);
 
-  const AccuracyReport rep = run_accuracy(o.acc);
+  const AccuracyReport rep = run_accuracy(o.acc, *be);
   long long tokens = 0;
   for (int32_t l : rep.seq_lens) tokens += l;
   std::printf(
@@ -63,12 +61,12 @@ int run(Options& o) {
     if (bad) status = 2;
     t.add_row({to_string(r.format), r.calibration, format("%.0f", r.kv_bytes_per_token), scale_str(r, true),
                scale_str(r, false), with_commas(r.clipped),
-               bad ? format("%lld NaN/Inf", (long long)r.error.nonfinite) : format("%.2e", r.error.max_rel_l2),
+               bad ? format("%lld NaN/Inf", (long long)r.error.nonfinite) : format("%.2e", r.error.worst_rel_l2),
                bad ? "-" : format("%.2e", r.error.mean_rel_l2)});
     csv.push_back({backend, to_string(r.format), r.calibration, format("%.0f", r.kv_bytes_per_token),
                    format("%.9g", r.scales.k_scale), format("%.9g", r.scales.v_scale),
                    format("%.9g", r.scales.k_global_scale), format("%.9g", r.scales.v_global_scale),
-                   std::to_string(r.clipped), format("%.6e", r.error.max_rel_l2), format("%.6e", r.error.mean_rel_l2),
+                   std::to_string(r.clipped), format("%.6e", r.error.worst_rel_l2), format("%.6e", r.error.mean_rel_l2),
                    std::to_string(r.error.nonfinite)});
     rows.push_back({{"format", to_string(r.format)},
                     {"calibration", r.calibration},
@@ -79,7 +77,7 @@ int run(Options& o) {
                     {"v_global_scale", r.scales.v_global_scale},
                     {"clipped", r.clipped},
                     {"num_splits", r.num_splits},
-                    {"max_rel_l2", r.error.max_rel_l2},
+                    {"max_rel_l2", r.error.worst_rel_l2},
                     {"mean_rel_l2", r.error.mean_rel_l2},
                     {"blocks_compared", r.error.blocks},
                     {"nonfinite", r.error.nonfinite}});

@@ -71,9 +71,9 @@ std::string render_text(const DemoReport& r) {
                                   std::to_string(row.timed_splits), format("%.1f", row.time_us)};
     if (on_gpu(r)) c.insert(c.end(), {format("%.0f", row.gbps), format("%.1f%%", 100.0 * row.ceiling_fraction)});
     const bool bad = row.error.nonfinite > 0;
-    c.push_back(bad ? format("%lld NaN/Inf", (long long)row.error.nonfinite) : format("%.2e", row.error.max_rel_l2));
+    c.push_back(bad ? format("%lld NaN/Inf", (long long)row.error.nonfinite) : format("%.2e", row.error.worst_rel_l2));
     c.push_back(bad ? "-" : format("%.2e", row.error.mean_rel_l2));
-    c.push_back(bad ? "-" : format("%.2e", row.kernel_error.max_rel_l2));
+    c.push_back(bad ? "-" : format("%.2e", row.kernel_error.worst_rel_l2));
     t.add_row(c);
   }
   os << t.render();
@@ -116,9 +116,9 @@ void write_json(const DemoReport& r, const std::string& path) {
               {"timed_splits", row.timed_splits},
               {"time_us", row.time_us},
               {"attended_bytes", row.attended_bytes},
-              {"max_rel_l2", row.error.max_rel_l2},
+              {"max_rel_l2", row.error.worst_rel_l2},
               {"mean_rel_l2", row.error.mean_rel_l2},
-              {"kernel_max_rel_l2", row.kernel_error.max_rel_l2},
+              {"kernel_max_rel_l2", row.kernel_error.worst_rel_l2},
               {"kernel_mean_rel_l2", row.kernel_error.mean_rel_l2},
               {"blocks_compared", row.error.blocks},
               {"nonfinite", row.error.nonfinite}};
@@ -138,7 +138,7 @@ void write_csv(const DemoReport& r, const std::string& path) {
       << tokens_per_gib(row.kv_bytes_per_token) << ',' << row.timed_splits << ',' << row.time_us << ',';
     if (on_gpu(r)) f << row.gbps << ',' << row.ceiling_fraction;
     else f << ',';
-    f << ',' << row.error.max_rel_l2 << ',' << row.error.mean_rel_l2 << ',' << row.kernel_error.max_rel_l2 << ','
+    f << ',' << row.error.worst_rel_l2 << ',' << row.error.mean_rel_l2 << ',' << row.kernel_error.worst_rel_l2 << ','
       << row.error.nonfinite << '\n';
   }
 }

@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <memory>
 
+#include "backend.hpp"
 #include "metrale/cpu.hpp"
-#include "metrale/cuda.hpp"
 #include "serve_sim.hpp"
 #include "subcommands.hpp"
 #include "table.hpp"
@@ -26,10 +26,8 @@ int run(const ServeSimOptions& o) {
   if (o.threads > 0) cpu::set_num_threads(o.threads);
   const auto t0 = std::chrono::steady_clock::now();
   std::string reason;
-  const std::string backend = pick_backend(o.force_cpu, &reason);
-  const bool gpu = backend == "cuda";
-  const std::string device =
-      gpu ? cuda::device_info().name : format("CPU reference backend, %d threads", int(cpu::num_threads()));
+  const std::unique_ptr<Backend> be = make_backend(o.force_cpu, &reason);
+  const std::string backend = be->name(), device = be->device();
   std::printf("metrale serve-sim: continuous batching in a %.1f MiB KV budget (K + V, %d layer%s)\n", c.budget_mib,
               c.num_layers, c.num_layers == 1 ? "" : "s");
   std::printf("  %d q / %d kv heads, head_dim %d, page %d\n", c.shape.num_q_heads, c.shape.num_kv_heads,
@@ -41,7 +39,7 @@ int run(const ServeSimOptions& o) {
   std::fflush(stdout);
 
   std::vector<ServeSimResult> results;
-  for (KvFormat f : o.formats) results.push_back(run_serve_sim(c, f, /*progress=*/true, gpu));
+  for (KvFormat f : o.formats) results.push_back(run_serve_sim(c, f, *be, /*progress=*/true));
 
   const ServeSimResult* base = nullptr;
   for (const auto& r : results)

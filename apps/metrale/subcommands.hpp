@@ -1,4 +1,4 @@
-// The subcommands of `metrale` (accuracy, serve-sim, bench, check). Each
+// The subcommands of `metrale` (accuracy, serve-sim). Each
 // add_*_command registers one CLI11 subcommand on the top-level app; when
 // it is given, its callback runs the job, prints a table on stdout, writes
 // the --json / --csv files and stores the process exit status in *status.
@@ -16,8 +16,6 @@ namespace metrale::cli {
 
 void add_accuracy_command(CLI::App& app, int* status);
 void add_serve_sim_command(CLI::App& app, int* status);
-void add_bench_command(CLI::App& app, int* status);
-void add_check_command(CLI::App& app, int* status);
 
 // --json FILE / --csv FILE, shared by every subcommand.
 struct OutputFiles {
@@ -31,9 +29,5 @@ struct OutputFiles {
 
 // "bf16,fp8,nvfp4" -> formats, validated (CLI11 splits the list).
 void add_formats_option(CLI::App* sub, std::vector<KvFormat>* formats);
-
-// "cuda" when the CUDA backend can run here and `force_cpu` is false, else
-// "cpu"; *reason says why the CPU backend runs.
-std::string pick_backend(bool force_cpu, std::string* reason);
 
 }  // namespace metrale::cli

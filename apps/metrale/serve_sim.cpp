@@ -8,11 +8,13 @@
 #include <stdexcept>
 #include <string>
 
+#include <chrono>
+#include <cmath>
+
+#include "backend.hpp"
 #include "block_allocator.hpp"
-#include "kv_setup.hpp"
 #include "metrale/cpu.hpp"
 #include "progress.hpp"
-#include "sim_store.hpp"
 
 namespace metrale::cli {
 namespace {
@@ -81,6 +83,122 @@ KvScales calibrate(const ServeSimConfig& cfg, KvFormat format) {
   return scales_from_absmax(format, ka, va);
 }
 
+// The KV caches of a run (one K and V cache per layer, all layers sharing the
+// block tables) and the two library calls made on them each step, on one
+// backend. Inputs are host arrays copied into the backend's memory first
+// (not timed: an engine's inputs would already be there); seconds() is the
+// time spent in the library calls, each waited for.
+class KvStore {
+ public:
+  KvStore(Backend& be, const LayerShape& shape, int32_t num_layers, const KvCacheLayout& layout,
+          const KvScales& scales)
+      : be_(be), shape_(shape), layout_(layout), scales_(scales), skipped_(be.alloc(sizeof(int32_t))) {
+    layout_.validate();
+    for (int32_t l = 0; l < num_layers; ++l) {
+      k_.push_back(be.alloc(size_t(layout_.cache_bytes())));
+      v_.push_back(be.alloc(size_t(layout_.cache_bytes())));
+    }
+    be.fill(skipped_.get(), 0, sizeof(int32_t));
+  }
+
+  // Writes `num_tokens` rows (kv_row() elements each) of K and V into `slots` of every layer.
+  void write(const bf16* key, const bf16* value, const int64_t* slots, int64_t num_tokens) {
+    const size_t rows = size_t(num_tokens) * size_t(kv_row());
+    CacheWriteArgs w;
+    w.key = key_.upload(be_, key, rows);
+    w.key_stride = kv_row();
+    w.value = value_.upload(be_, value, rows);
+    w.value_stride = kv_row();
+    w.slot_mapping = slots_.upload(be_, slots, size_t(num_tokens));
+    w.num_tokens = num_tokens;
+    w.skipped = static_cast<int32_t*>(skipped_.get());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t l = 0; l < k_.size(); ++l) {
+      w.cache = view(l);
+      be_.reshape_and_cache(w);
+    }
+    be_.synchronize();
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int32_t skipped = 0;
+    be_.download(&skipped, skipped_.get(), sizeof(skipped));
+    if (skipped != 0) throw std::logic_error("serve-sim: a slot past the cache's capacity");
+  }
+
+  // Decodes one query (q_row() elements) per sequence in every layer, sequence i
+  // attending to lens[i] tokens through row i of `tables` ([num_seqs, max_blocks]);
+  // returns the number of NaN/Inf output elements.
+  int64_t decode(const bf16* q, const int32_t* tables, int32_t max_blocks, const int32_t* lens, int32_t num_seqs) {
+    const size_t out_elems = size_t(num_seqs) * size_t(q_row());
+    DecodeArgs a;
+    a.q = q_.upload(be_, q, out_elems);
+    a.q_stride = q_row();
+    a.num_seqs = num_seqs;
+    a.num_q_heads = shape_.num_q_heads;
+    a.cache = view(0);
+    a.block_tables = tables_.upload(be_, tables, size_t(num_seqs) * size_t(max_blocks));
+    a.max_blocks_per_seq = max_blocks;
+    a.seq_lens = lens_.upload(be_, lens, size_t(num_seqs));
+    a.sm_scale = 1.0f / std::sqrt(float(shape_.head_dim));
+    a.out = out_.reserve<bf16>(be_, out_elems);
+    const DecodePlan plan = plan_decode(decode_problem(a, *std::max_element(lens, lens + num_seqs)), be_.decode_target());
+    const SplitKWorkspace ws{workspace_.reserve<float>(be_, plan.workspace_bytes / sizeof(float) + 1),
+                             plan.workspace_bytes, plan.num_splits};
+    host_out_.resize(out_elems);
+    int64_t nonfinite = 0;
+    for (size_t l = 0; l < k_.size(); ++l) {
+      be_.fill(a.out, 0xff, out_elems * sizeof(bf16));  // NaN poison
+      a.cache = view(l);
+      const auto t0 = std::chrono::steady_clock::now();
+      be_.run_decode(plan, a, ws);
+      be_.synchronize();
+      seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      be_.download(host_out_.data(), a.out, out_elems * sizeof(bf16));
+      for (const bf16 x : host_out_) nonfinite += !std::isfinite(codec::bf16_to_float(x));
+    }
+    return nonfinite;
+  }
+
+  double seconds() const { return seconds_; }
+
+ private:
+  // Backend memory that grows to the largest size asked for.
+  class Staging {
+   public:
+    template <class T>
+    T* upload(Backend& be, const T* host, size_t count) {
+      T* d = reserve<T>(be, count);
+      be.upload(d, host, count * sizeof(T));
+      return d;
+    }
+    template <class T>
+    T* reserve(Backend& be, size_t count) {
+      if (bytes_ < count * sizeof(T)) {
+        buf_ = be.alloc(count * sizeof(T));
+        bytes_ = count * sizeof(T);
+      }
+      return static_cast<T*>(buf_.get());
+    }
+
+   private:
+    Buffer buf_;
+    size_t bytes_ = 0;
+  };
+
+  int64_t kv_row() const { return int64_t(shape_.num_kv_heads) * shape_.head_dim; }
+  int64_t q_row() const { return int64_t(shape_.num_q_heads) * shape_.head_dim; }
+  KvCacheView view(size_t l) const { return KvCacheView{layout_, k_[l].get(), v_[l].get(), scales_}; }
+
+  Backend& be_;
+  LayerShape shape_;
+  KvCacheLayout layout_;
+  KvScales scales_;
+  std::vector<Buffer> k_, v_;
+  Buffer skipped_;  // int32 counter of out-of-capacity slots (must stay 0)
+  Staging key_, value_, slots_, q_, tables_, lens_, out_, workspace_;
+  std::vector<bf16> host_out_;
+  double seconds_ = 0.0;
+};
+
 void check_config(const ServeSimConfig& c) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("serve-sim: " + what);
@@ -96,7 +214,7 @@ void check_config(const ServeSimConfig& c) {
 
 }  // namespace
 
-ServeSimResult run_serve_sim(const ServeSimConfig& cfg, KvFormat format, bool progress, bool use_gpu) {
+ServeSimResult run_serve_sim(const ServeSimConfig& cfg, KvFormat format, Backend& be, bool progress) {
   check_config(cfg);
   ServeSimResult res;
   res.format = format;
@@ -108,12 +226,8 @@ ServeSimResult run_serve_sim(const ServeSimConfig& cfg, KvFormat format, bool pr
                                 " bytes");
   if (res.num_blocks > INT32_MAX) throw std::invalid_argument("serve-sim: --budget-mib too large");
 
-  SimStoreSpec spec;
-  spec.shape = cfg.shape;
-  spec.num_layers = cfg.num_layers;
-  spec.layout = make_layout(format, cfg.shape, res.num_blocks);
-  spec.scales = calibrate(cfg, format);
-  const std::unique_ptr<SimStore> store = use_gpu ? make_cuda_store(spec) : make_cpu_store(spec);
+  const auto store = std::make_unique<KvStore>(be, cfg.shape, cfg.num_layers,
+                                               make_layout(format, cfg.shape, res.num_blocks), calibrate(cfg, format));
   BlockAllocator alloc(int32_t(res.num_blocks));
   // Admission keeps ~1% of the pages free so running sequences can grow
   // without immediate preemption (vLLM's watermark).
@@ -123,7 +237,8 @@ ServeSimResult run_serve_sim(const ServeSimConfig& cfg, KvFormat format, bool pr
   std::deque<int32_t> waiting;  // request ids; preempted ones go back to the front
   std::vector<Seq> running;     // admission order: the last is the youngest
   RowSource rows(cfg.seed + 17);
-  const int64_t kv_row = spec.kv_row(), q_row = spec.q_row();
+  const int64_t kv_row = int64_t(cfg.shape.num_kv_heads) * cfg.shape.head_dim;
+  const int64_t q_row = int64_t(cfg.shape.num_q_heads) * cfg.shape.head_dim;
   AlignedVector<bf16> key, value, q;
   std::vector<int64_t> slots;
   std::vector<int32_t> tables, lens;

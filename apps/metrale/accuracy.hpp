@@ -14,7 +14,7 @@
 #include "host_batch.hpp"
 #include "metrale/cache.hpp"
 #include "realistic_kv.hpp"
-#include "reference_f64.hpp"
+#include "testing/reference.hpp"
 
 namespace metrale::cli {
 
@@ -24,7 +24,6 @@ struct AccuracyOptions {
   int32_t max_len = 2048;
   uint64_t seed = 1;  // token content of the batch; the calibration batch uses seed + 1
   RealisticKv model;
-  bool use_gpu = false;
 };
 
 struct AccuracyRow {
@@ -33,7 +32,7 @@ struct AccuracyRow {
   KvScales scales;
   int64_t clipped = 0;  // K and V values of the batch beyond the calibrated absmax
   double kv_bytes_per_token = 0;
-  ErrorStats error;  // vs float64 attention over the original bf16 rows
+  test::Comparison error;  // vs float64 attention over the original bf16 rows
   int32_t num_splits = 1;
 };
 
@@ -44,6 +43,9 @@ struct AccuracyReport {
   std::vector<AccuracyRow> rows;
 };
 
-AccuracyReport run_accuracy(const AccuracyOptions& opt);
+class Backend;
+
+// Runs every variant's cache write and decode on `be`.
+AccuracyReport run_accuracy(const AccuracyOptions& opt, Backend& be);
 
 }  // namespace metrale::cli

@@ -1,4 +1,4 @@
-// The demo's host batch (see host_batch.hpp).
+// The demo's host batch and the per-format cache setup (see host_batch.hpp).
 #include "host_batch.hpp"
 
 #include <algorithm>
@@ -7,6 +7,8 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+
+#include "metrale/cpu.hpp"
 
 namespace metrale::cli {
 namespace {
@@ -110,13 +112,42 @@ DecodeArgs HostBatch::decode_args(const bf16* q_rows, const KvCacheView& cache, 
   return a;
 }
 
-DecodeProblem HostBatch::decode_problem(const KvCacheLayout& layout) const {
-  DecodeProblem problem;
-  problem.num_seqs = num_seqs();
-  problem.num_q_heads = shape.num_q_heads;
-  problem.layout = layout;
-  problem.max_seq_len = max_seq_len();
-  return problem;
+test::KvRows bf16_rows(const HostBatch& b) {
+  return [&b](int32_t seq, int32_t pos, int32_t kvh, double* k, double* v) {
+    const int64_t row = (b.first_token[size_t(seq)] + pos) * b.kv_row() + int64_t(kvh) * b.shape.head_dim;
+    for (int32_t d = 0; d < b.shape.head_dim; ++d) {
+      k[d] = codec::bf16_to_float(b.key[size_t(row + d)]);
+      v[d] = codec::bf16_to_float(b.value[size_t(row + d)]);
+    }
+  };
+}
+
+KvCacheLayout make_layout(KvFormat format, const LayerShape& s, int64_t num_blocks) {
+  switch (format) {
+    case KvFormat::fp8_e4m3: return KvCacheLayout::fp8(num_blocks, s.block_size, s.num_kv_heads, s.head_dim);
+    case KvFormat::nvfp4: return KvCacheLayout::nvfp4(num_blocks, s.block_size, s.num_kv_heads, s.head_dim);
+    case KvFormat::bf16: break;
+  }
+  return KvCacheLayout::bf16(num_blocks, s.block_size, s.num_kv_heads, s.head_dim);
+}
+
+KvScales scales_from_absmax(KvFormat format, float k_absmax, float v_absmax) {
+  KvScales sc;
+  if (format == KvFormat::fp8_e4m3) {
+    sc.k_scale = fp8_scale_from_absmax(k_absmax);
+    sc.v_scale = fp8_scale_from_absmax(v_absmax);
+  } else if (format == KvFormat::nvfp4) {
+    sc.k_global_scale = nvfp4_global_scale_from_absmax(k_absmax);
+    sc.v_global_scale = nvfp4_global_scale_from_absmax(v_absmax);
+  }
+  return sc;
+}
+
+KvScales calibrated_scales(const HostBatch& b, KvFormat format) {
+  float k_absmax = 0.0f, v_absmax = 0.0f;
+  cpu::bf16_absmax(b.key.data(), b.num_tokens(), b.kv_row(), b.kv_row(), &k_absmax);
+  cpu::bf16_absmax(b.value.data(), b.num_tokens(), b.kv_row(), b.kv_row(), &v_absmax);
+  return scales_from_absmax(format, k_absmax, v_absmax);
 }
 
 }  // namespace metrale::cli

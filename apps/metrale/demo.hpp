@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "backends.hpp"
 #include "host_batch.hpp"
+#include "metrale/cache.hpp"
+#include "testing/reference.hpp"
 
 namespace metrale::cli {
 
@@ -21,6 +22,19 @@ struct DemoOptions {
   int32_t cpu_threads = 0;   // 0 = the CPU backend's default
   int reps = 5;              // CPU timing repetitions
   uint64_t seed = 1;
+};
+
+struct FormatResult {
+  KvFormat format = KvFormat::bf16;
+  double kv_bytes_per_token = 0.0;  // KvCacheLayout::kv_bytes_per_token(): K + V, codes + scales, one layer
+  test::Comparison error;           // accuracy batch against float64 attention over the original bf16 rows
+  test::Comparison kernel_error;    // ... and against float64 attention over the dequantized cache
+  int32_t accuracy_splits = 1;      // num_splits the planner chose for the accuracy batch
+  int32_t timed_splits = 1;         // ... and for the timed batch
+  double time_us = 0.0;             // median time of one decode of the timed batch
+  double attended_bytes = 0.0;      // K, V and scale bytes the timed decode reads
+  double gbps = 0.0;                // GPU only: attended_bytes / time
+  double ceiling_fraction = 0.0;    // GPU only: gbps / measured read ceiling
 };
 
 struct DemoReport {

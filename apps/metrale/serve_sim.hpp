@@ -60,9 +60,10 @@ struct ServeSimResult {
   double mib(double blocks) const { return blocks * double(block_bytes) / double(1 << 20); }
 };
 
-// Runs the simulation for one format on the CPU reference backend, or the
-// CUDA backend when `use_gpu`. `progress`: draw a progress bar on stderr
-// (when it is a terminal).
-ServeSimResult run_serve_sim(const ServeSimConfig& cfg, KvFormat format, bool progress = false, bool use_gpu = false);
+class Backend;
+
+// Runs the simulation for one format on `be`. `progress`: draw a progress
+// bar on stderr (when it is a terminal).
+ServeSimResult run_serve_sim(const ServeSimConfig& cfg, KvFormat format, Backend& be, bool progress = false);
 
 }  // namespace metrale::cli

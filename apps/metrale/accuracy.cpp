@@ -3,8 +3,7 @@
 
 #include <cmath>
 
-#include "decode_batch.hpp"
-#include "kv_setup.hpp"
+#include "backend.hpp"
 #include "metrale/cpu.hpp"
 
 namespace metrale::cli {
@@ -33,7 +32,7 @@ int64_t count_clipped(const HostBatch& b, const Absmax& calib) {
 
 }  // namespace
 
-AccuracyReport run_accuracy(const AccuracyOptions& opt) {
+AccuracyReport run_accuracy(const AccuracyOptions& opt, Backend& be) {
   AccuracyReport rep;
   HostBatch batch = make_batch(opt.shape, opt.seqs, opt.max_len, opt.seed);
   fill_realistic(batch, opt.model, opt.seed);
@@ -45,7 +44,10 @@ AccuracyReport run_accuracy(const AccuracyOptions& opt) {
   rep.v_absmax = own.v;
   rep.calib_k_absmax = sep.k;
   rep.calib_v_absmax = sep.v;
-  const std::vector<double> ref = attention_f64(batch, bf16_rows(batch));
+  const KvCacheView shape_only{make_layout(KvFormat::bf16, batch.shape, batch.num_blocks), nullptr, nullptr, {}};
+  const std::vector<double> ref = test::attention_f64(
+      batch.decode_args(batch.q.data(), shape_only, batch.block_tables.data(), batch.seq_lens.data(), nullptr),
+      bf16_rows(batch));
 
   struct Variant {
     KvFormat format;
@@ -67,11 +69,10 @@ AccuracyReport run_accuracy(const AccuracyOptions& opt) {
       row.clipped = count_clipped(batch, *v.absmax);
     }
     row.kv_bytes_per_token = make_layout(v.format, batch.shape, 1).kv_bytes_per_token();
-    const BatchDecode d =
-        opt.use_gpu ? decode_batch_gpu(batch, v.format, row.scales) : decode_batch_cpu(batch, v.format, row.scales);
+    const BatchDecode d = decode_batch(be, batch, v.format, row.scales);
     row.num_splits = d.num_splits;
     row.error =
-        compare_to_reference(d.out.data(), ref, batch.num_seqs(), batch.shape.num_q_heads, batch.shape.head_dim);
+        test::compare_decode(d.out.data(), ref, batch.num_seqs(), batch.shape.num_q_heads, batch.shape.head_dim);
     rep.rows.push_back(row);
   }
   return rep;

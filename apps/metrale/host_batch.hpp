@@ -3,6 +3,7 @@
 // have), their paged placement (shuffled pages, block tables, slot mapping)
 // and one bf16 query row per sequence. Every backend quantizes and decodes
 // these same rows, so their outputs compare against one float64 reference.
+// Also the per-format cache setup the jobs share (layout, calibrated scales).
 #pragma once
 
 #include <cstdint>
@@ -10,9 +11,11 @@
 #include <new>
 #include <vector>
 
+#include "metrale/cache.hpp"
 #include "metrale/codec.hpp"
 #include "metrale/ops.hpp"
 #include "metrale/plan.hpp"
+#include "testing/reference.hpp"
 
 namespace metrale::cli {
 
@@ -70,11 +73,28 @@ struct HostBatch {
                             const KvCacheView& cache) const;
   DecodeArgs decode_args(const bf16* q_rows, const KvCacheView& cache, const int32_t* tables, const int32_t* lens,
                          bf16* out) const;
-  DecodeProblem decode_problem(const KvCacheLayout& layout) const;
 };
 
 // `num_seqs` sequences: the first has `max_len` tokens, the others random
 // lengths in [max_len/8, max_len]. Deterministic for a seed.
 HostBatch make_batch(const LayerShape& shape, int32_t num_seqs, int32_t max_len, uint64_t seed);
+
+// The batch's bf16 rows as written (before quantization), for the float64
+// reference (testing/reference.hpp): what each format costs in accuracy.
+test::KvRows bf16_rows(const HostBatch& batch);
+
+constexpr KvFormat kAllFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
+
+// Dense layout of `format` with `num_blocks` pages.
+KvCacheLayout make_layout(KvFormat format, const LayerShape& shape, int64_t num_blocks);
+
+// fp8: k/v_scale = absmax / 448; nvfp4: k/v_global_scale = absmax / (448 * 6);
+// bf16: the defaults (unused).
+KvScales scales_from_absmax(KvFormat format, float k_absmax, float v_absmax);
+
+// The scales calibrated on the batch's own K and V rows (absmax is exact, so
+// computing it on the host gives what either backend's absmax gives).
+KvScales calibrated_scales(const HostBatch& batch, KvFormat format);
+
 
 }  // namespace metrale::cli

@@ -5,7 +5,6 @@
 #include <map>
 #include <stdexcept>
 
-#include "backends.hpp"
 
 namespace metrale::cli {
 
@@ -58,11 +57,6 @@ void add_formats_option(CLI::App* sub, std::vector<KvFormat>* formats) {
       ->delimiter(',')
       ->check(CLI::IsMember({"bf16", "fp8", "nvfp4"}))
       ->default_str("bf16,fp8,nvfp4");
-}
-
-std::string pick_backend(bool force_cpu, std::string* reason) {
-  *reason = force_cpu ? "--cpu given" : gpu_unavailable_reason();
-  return reason->empty() ? "cuda" : "cpu";
 }
 
 }  // namespace metrale::cli
