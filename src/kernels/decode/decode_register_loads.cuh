@@ -1,0 +1,156 @@
+// The register load pipeline of the decode kernel: each thread loads its
+// share of a group of steps straight from global memory into StepBuffers
+// (the patterns of decode_kernel.cuh's header), kStages groups in flight.
+// NVFP4 always takes it; bf16 and fp8 where the plan says `registers`.
+//
+// Interface shared with TmaLoads: construct, run(compute) calls compute(b)
+// once per step group in order, then bad_page says whether a corrupt page id
+// was seen.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/vector_loads.cuh"
+#include "kernels/decode/decode_config.cuh"
+#include "kernels/decode/decode_steps.cuh"
+
+namespace metrale::kernels {
+
+template <class Cfg>
+struct RegisterLoads {
+  using Fmt = typename Cfg::Format;
+  static constexpr int D = Cfg::kD;
+  static constexpr int U = Cfg::kUnroll;
+  static constexpr int kKScalesPerVec = Cfg::kKElemsPerVec / 16;
+
+  const DecodeParams& p;
+  SplitSteps<Cfg>& steps;
+  int g, c;
+  bool bad_page = false;
+  // Per-thread byte offsets from the start of a step's 16 tokens in a page
+  // (see the header for the patterns), computed once: per step only the
+  // page's 64-bit base changes.
+  int32_t row_stride;  // bytes between tokens of a page
+  int32_t head_off;
+  // NVFP4 (instruction-bound) holds them in registers; the wider formats'
+  // register path (their fallback) has no registers to spare and recomputes.
+  int32_t k_off[2], v_off[4];
+  // NVFP4 scale section: byte (t*H + h)*D/16 + group of a page's section.
+  // K: the scale bytes of vector i*4 + c (kKScalesPerVec of them, adjacent);
+  // V: those of the thread's eighth row (vector g: group g*kVScalesPerVec,
+  // or g/2 where a group spans two eighth rows).
+  int32_t srow;
+  int32_t ks_off[2], vs_off[4];
+
+  __device__ __forceinline__ int32_t k_offset(int t) const {
+    return head_off + (g + 8 * t) * row_stride + c * Cfg::kKVecBytes;
+  }
+  __device__ __forceinline__ int32_t v_offset(int t) const {
+    return head_off + (2 * c + Cfg::vtok(t)) * row_stride + g * Cfg::kVVecBytes;
+  }
+
+  __device__ __forceinline__ RegisterLoads(const DecodeParams& p_, SplitSteps<Cfg>& steps_, int kv_head, int g_,
+                                           int c_)
+      : p(p_), steps(steps_), g(g_), c(c_) {
+    row_stride = p.num_kv_heads * Cfg::kRowBytes;
+    head_off = kv_head * Cfg::kRowBytes;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) k_off[t] = k_offset(t);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) v_off[t] = v_offset(t);
+    srow = p.num_kv_heads * (D / 16);
+    const int32_t scale_head = int32_t(p.scale_offset) + kv_head * (D / 16);
+    const int v_grp = Cfg::kVElemsPerVec >= 16 ? g * Cfg::kVScalesPerVec : g / 2;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) ks_off[t] = scale_head + (g + 8 * t) * srow + c * kKScalesPerVec;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) vs_off[t] = scale_head + (2 * c + Cfg::vtok(t)) * srow + v_grp;
+  }
+
+  // Issues the loads of the warp's step group k (steps st0 .. st0+U-1) into
+  // `b` (steps past the split or on a corrupt page load nothing and stay
+  // zero).
+  __device__ __forceinline__ void load(StepBuffers<Cfg>& b, int k) {
+    const int st0 = steps.first_step(k);
+    int32_t pg[U];
+    steps.group_pages(k, pg);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int st = st0 + u;
+      const int32_t page = pg[u];
+      const bool page_ok = page >= 0 && page < p.num_blocks;
+      bad_page |= !page_ok;  // corrupt table: never dereference, poison the output
+      const bool live = st < steps.total_steps && page_ok;
+      if (u == 0) b.st0 = st0, b.live = 0;
+      b.live |= uint32_t(live) << u;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int w = 0; w < Cfg::kKWords; ++w) b.kw[u][t][w] = 0;
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+#pragma unroll
+        for (int w = 0; w < Cfg::kVWords; ++w) b.vw[u][t][w] = 0;
+      b.ks[u][0] = b.ks[u][1] = 0;
+      b.vs[u][0] = b.vs[u][1] = b.vs[u][2] = b.vs[u][3] = 0;
+      if (!live) continue;  // nothing to load; compute() masks the whole step
+      const int32_t tok0 = steps.token0(st);
+      const int64_t page_off = int64_t(page) * p.page_stride;
+      const uint8_t* kp = p.k_cache + page_off + tok0 * row_stride;
+      const uint8_t* vp = p.v_cache + page_off + tok0 * row_stride;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < Cfg::kKVecs; ++i)
+          load_vec<Cfg::kKVecBytes>(kp + (Fmt::kScaled ? k_off[t] : k_offset(t)) + i * 4 * Cfg::kKVecBytes,
+                                    &b.kw[u][t][i * Cfg::kKVecBytes / 4]);
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+#pragma unroll
+        for (int i = 0; i < Cfg::kVVecs; ++i)
+          load_vec<Cfg::kVVecBytes>(vp + (Fmt::kScaled ? v_off[t] : v_offset(t)) + i * 8 * Cfg::kVVecBytes,
+                                    &b.vw[u][t][i * Cfg::kVVecBytes / 4]);
+      if constexpr (Fmt::kScaled) {
+        const uint8_t* ksp = p.k_cache + page_off + tok0 * srow;
+        const uint8_t* vsp = p.v_cache + page_off + tok0 * srow;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int i = 0; i < Cfg::kKVecs; ++i)
+            b.ks[u][t] |= load_bytes<kKScalesPerVec>(ksp + ks_off[t] + i * 4 * kKScalesPerVec)
+                          << (8 * i * kKScalesPerVec);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) b.vs[u][t] = load_bytes<Cfg::kVScaleBytes>(vsp + vs_off[t]);
+      }
+    }
+  }
+
+  // The pipeline: stage k's buffer is computed while the loads of the
+  // kStages-1 following step groups are in flight. The stage loop is
+  // unrolled so that every buffer index is static (registers, not local
+  // memory).
+  template <class Compute>
+  __device__ __forceinline__ void run(Compute&& compute) {
+    constexpr int S = Cfg::kStages;
+    StepBuffers<Cfg> buf[S];
+#pragma unroll
+    for (int k = 0; k + 1 < S; ++k) load(buf[k], k);
+    int k0 = 0;  // group held by buf[0]
+    bool more = steps.has_group(0);
+    while (more) {
+#pragma unroll
+      for (int k = 0; k < S; ++k) {
+        if (more) {
+          load(buf[(k + S - 1) % S], k0 + k + S - 1);
+          compute(buf[k]);
+          more = steps.has_group(k0 + k + 1);
+        }
+      }
+      k0 += S;
+    }
+  }
+};
+
+}  // namespace metrale::kernels
