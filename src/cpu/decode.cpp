@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "cpu/attend.hpp"
+#include "cpu/reduce.hpp"
 #include "cpu/thread_pool.hpp"
 #include "host/validate.hpp"
 #include "metrale/cpu.hpp"
@@ -119,7 +120,7 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWork
   if (args.num_seqs == 0) return;
   if (plan.merge == DecodeMerge::single_pass) return decode_single(args);
   decode_splitk(args, plan.num_splits, ws.data);
-  paged_decode_attn_reduce(reduce_args_for(args, ws));
+  detail::reduce_splits(reduce_args_for(args, ws));
 }
 
 }  // namespace metrale::cpu

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/reduce.hpp"
 #include "cpu/thread_pool.hpp"
 #include "host/validate.hpp"
 #include "metrale/cpu.hpp"
@@ -11,8 +12,7 @@
 
 namespace metrale::cpu {
 
-void paged_decode_attn_reduce(const ReduceArgs& a) {
-  metrale::detail::validate_reduce(a);
+void detail::reduce_splits(const ReduceArgs& a) {
   if (a.num_seqs == 0) return;
   const int32_t D = a.head_dim, S = a.num_splits;
   const int64_t rec = softmax::record_floats(D);
@@ -44,6 +44,11 @@ void paged_decode_attn_reduce(const ReduceArgs& a) {
       for (int32_t d = 0; d < D; ++d) out[d] = codec::float_to_bf16(acc[d] * inv);
     }
   });
+}
+
+void paged_decode_attn_reduce(const ReduceArgs& args) {
+  metrale::detail::validate_reduce(args);
+  detail::reduce_splits(args);
 }
 
 }  // namespace metrale::cpu

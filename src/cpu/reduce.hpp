@@ -1,0 +1,11 @@
+// The CPU split-K reduce for callers that validated its arguments
+// (run_decode); cpu::paged_decode_attn_reduce validates first.
+#pragma once
+
+#include "metrale/ops.hpp"
+
+namespace metrale::cpu::detail {
+
+void reduce_splits(const ReduceArgs& args);
+
+}  // namespace metrale::cpu::detail
