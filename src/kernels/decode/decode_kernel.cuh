@@ -70,7 +70,7 @@ constexpr bool k_permutation_ok() {
     for (int r = 0; r < 4; ++r) {
       const int e = Fmt::k_elem(kk, r);
       if (e < 0 || e >= kN || seen[e]) return false;
-      if (Fmt::kScaled && e / 16 != kk / 4) return false;
+      if (Fmt::kScaled && e / Fmt::kGroupSize != 4 * kk / Fmt::kGroupSize) return false;
       seen[e] = true;
     }
   return true;
@@ -137,8 +137,8 @@ struct DecodeConfig {
   static constexpr int kStages = kTma ? 1 : (kInFlightSteps >= 2 ? 2 : 1);
   static constexpr int kUnroll = kTma ? kTmaStageSteps : kInFlightSteps / kStages;
   // NVFP4 group scales per thread and token (one per 16 elements).
-  static constexpr int kKScaleBytes = Fmt::kScaled ? kKVecs * kKElemsPerVec / 16 : 1;
-  static constexpr int kVScalesPerVec = kVElemsPerVec >= 16 ? kVElemsPerVec / 16 : 1;
+  static constexpr int kKScaleBytes = Fmt::kScaled ? kKVecs * kKElemsPerVec / Fmt::kGroupSize : 1;
+  static constexpr int kVScalesPerVec = kVElemsPerVec >= Fmt::kGroupSize ? kVElemsPerVec / Fmt::kGroupSize : 1;
   static constexpr int kVScaleBytes = Fmt::kScaled ? kVVecs * kVScalesPerVec : 1;
   static constexpr float kRescaleThreshold = 8.0f;  // log2 units: weights < 2^8
 
@@ -197,7 +197,7 @@ struct DecodeConfig {
   static_assert(kKVecBytes >= 4 && kVVecBytes >= 4, "rows too narrow for word loads");
   static_assert(kKScaleBytes <= 4 && (!Fmt::kScaled || kVVecs == 1), "a thread's scale bytes of a token fit a word");
   static_assert(kKElemsPerVec % 4 == 0, "a k-step takes 4 elements per thread");
-  static_assert(!Fmt::kScaled || kKElemsPerVec % 16 == 0, "K vectors must hold whole NVFP4 groups");
+  static_assert(!Fmt::kScaled || kKElemsPerVec % Fmt::kGroupSize == 0, "K vectors must hold whole NVFP4 groups");
   static_assert(kDTiles % 2 == 0, "V is converted two tiles at a time");
   static_assert(k_permutation_ok<Fmt, D>(), "Fmt::k_elem must permute the quarter row, one scale group per k-step");
 };
@@ -397,12 +397,12 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
   // K: the scale bytes of vector i*4 + c (kKScalesPerVec of them, adjacent);
   // V: those of the thread's eighth row (vector g: group g*kVScalesPerVec,
   // or g/2 where a group spans two eighth rows).
-  const int32_t srow = p.num_kv_heads * (D / 16);
-  constexpr int kKScalesPerVec = Cfg::kKElemsPerVec / 16;
+  const int32_t srow = p.num_kv_heads * (D / Fmt::kGroupSize);
+  constexpr int kKScalesPerVec = Cfg::kKElemsPerVec / Fmt::kGroupSize;
   int32_t ks_off[2], vs_off[4];
   {
-    const int32_t scale_head = int32_t(p.scale_offset) + kv_head * (D / 16);
-    const int v_grp = Cfg::kVElemsPerVec >= 16 ? g * Cfg::kVScalesPerVec : g / 2;
+    const int32_t scale_head = int32_t(p.scale_offset) + kv_head * (D / Fmt::kGroupSize);
+    const int v_grp = Cfg::kVElemsPerVec >= Fmt::kGroupSize ? g * Cfg::kVScalesPerVec : g / 2;
 #pragma unroll
     for (int t = 0; t < 2; ++t) ks_off[t] = scale_head + (g + 8 * t) * srow + c * kKScalesPerVec;
 #pragma unroll
@@ -515,15 +515,16 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-          for (int j = 0; 2 * j < Cfg::kKScaleBytes; ++j) ksc[t][j] = Nvfp4Format::scale_pair(b.ks[u][t] >> (16 * j));
+          for (int j = 0; 2 * j < Cfg::kKScaleBytes; ++j) ksc[t][j] = Fmt::scale_pair(b.ks[u][t] >> (16 * j));
       }
 #pragma unroll
       for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
         uint32_t a[4];
         uint32_t ks0 = 0, ks1 = 0;
         if constexpr (Fmt::kScaled) {
-          ks0 = f16x2_broadcast(ksc[0][kk / 8], (kk / 4) % 2);
-          ks1 = f16x2_broadcast(ksc[1][kk / 8], (kk / 4) % 2);
+          constexpr int kGroupSteps = Fmt::kGroupSize / 4;  // k-steps per scale group
+          ks0 = f16x2_broadcast(ksc[0][kk / (2 * kGroupSteps)], (kk / kGroupSteps) % 2);
+          ks1 = f16x2_broadcast(ksc[1][kk / (2 * kGroupSteps)], (kk / kGroupSteps) % 2);
         }
         Fmt::k_pair(b.kw[u][0], kk, ks0, a[0], a[2]);
         Fmt::k_pair(b.kw[u][1], kk, ks1, a[1], a[3]);
@@ -603,9 +604,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
         uint32_t vs01 = 0, vs89 = 0;
         if constexpr (Fmt::kScaled) {
           // Byte i of each token's scale bytes: the group of elements 2m..2m+3.
-          const uint32_t i = Cfg::kVElemsPerVec >= 16 ? (2 * m) / 16 : 0;
-          vs01 = Nvfp4Format::scale_pair(byte_perm(b.vs[u][0], b.vs[u][1], i | (i + 4) << 4));
-          vs89 = Nvfp4Format::scale_pair(byte_perm(b.vs[u][2], b.vs[u][3], i | (i + 4) << 4));
+          const uint32_t i = Cfg::kVElemsPerVec >= Fmt::kGroupSize ? (2 * m) / Fmt::kGroupSize : 0;
+          vs01 = Fmt::scale_pair(byte_perm(b.vs[u][0], b.vs[u][1], i | (i + 4) << 4));
+          vs89 = Fmt::scale_pair(byte_perm(b.vs[u][2], b.vs[u][3], i | (i + 4) << 4));
         }
         uint32_t lo[4], hi[4];  // (tokens 2c, 2c+1) and (2c+8, 2c+9): tiles m, m+1
         Fmt::v_quad(b.vw[u][0], b.vw[u][1], 2 * m, vs01, lo);
