@@ -12,6 +12,7 @@
 #include <string>
 
 #include "metrale/cuda.hpp"
+#include "metrale/format.hpp"
 
 namespace metrale::bench {
 namespace {
@@ -64,11 +65,7 @@ DecodeWorkload::DecodeWorkload(const DecodeShape& s, size_t min_rotation_bytes, 
   int64_t pages = 0;
   for (int32_t len : host_lens_) pages += (len + s.block_size - 1) / s.block_size;
   pages = std::max<int64_t>(pages, 1);
-  switch (s.format) {
-    case KvFormat::bf16: layout_ = KvCacheLayout::bf16(pages, s.block_size, s.num_kv_heads, s.head_dim); break;
-    case KvFormat::fp8_e4m3: layout_ = KvCacheLayout::fp8(pages, s.block_size, s.num_kv_heads, s.head_dim); break;
-    case KvFormat::nvfp4: layout_ = KvCacheLayout::nvfp4(pages, s.block_size, s.num_kv_heads, s.head_dim); break;
-  }
+  layout_ = KvCacheLayout::make(s.format, pages, s.block_size, s.num_kv_heads, s.head_dim);
   const int n_rep = int(std::clamp<double>(double(min_rotation_bytes) / std::max(attended_bytes(), 1.0) + 1, 1, 64));
 
   const int32_t row = s.num_kv_heads * s.head_dim;
@@ -90,13 +87,7 @@ DecodeWorkload::DecodeWorkload(const DecodeShape& s, size_t min_rotation_bytes, 
   cuda::bf16_absmax(value, chunk, row, row, absmax + 1);
   float am[2];
   test::cuda_check(cudaMemcpy(am, absmax, sizeof(am), cudaMemcpyDeviceToHost), "absmax download");
-  if (s.format == KvFormat::fp8_e4m3) {
-    scales_.k_scale = fp8_scale_from_absmax(am[0]);
-    scales_.v_scale = fp8_scale_from_absmax(am[1]);
-  } else if (s.format == KvFormat::nvfp4) {
-    scales_.k_global_scale = nvfp4_global_scale_from_absmax(am[0]);
-    scales_.v_global_scale = nvfp4_global_scale_from_absmax(am[1]);
-  }
+  scales_ = kv_scales_from_absmax(s.format, am[0], am[1]);
 
   std::vector<int64_t> host_slots(chunk);
   for (int r = 0; r < n_rep; ++r) {

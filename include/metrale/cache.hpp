@@ -15,8 +15,9 @@ enum class KvFormat : uint8_t {
   nvfp4 = 2,     // E2M1 codes, one E4M3 scale per 16 head_dim elements, optional f32 global scale
 };
 
+// The format's name (metrale/format.hpp: "bf16", "fp8", "nvfp4").
 const char* to_string(KvFormat f);
-// Inverse of to_string ("bf16", "fp8", "nvfp4"); throws InvalidArgument.
+// Inverse of to_string; throws InvalidArgument.
 KvFormat kv_format_from_string(const std::string& name);
 
 // head_dim and block_size values the kernels are built for.
@@ -38,6 +39,10 @@ struct KvCacheLayout {
   int64_t page_stride_bytes = 0;   // bytes from one page to the next (>= page payload)
   int64_t data_section_bytes = 0;  // nvfp4: offset of the scale section in a page; others: the payload bytes
 
+  // Any format (metrale/format.hpp): page_stride_bytes and
+  // data_section_bytes 0 mean dense (codes, then the scales if any).
+  static KvCacheLayout make(KvFormat format, int64_t num_blocks, int32_t block_size, int32_t num_kv_heads,
+                            int32_t head_dim, int64_t page_stride_bytes = 0, int64_t data_section_bytes = 0);
   // Dense layouts (page stride = payload). The optional strides are the
   // seed's `cache_stride` (fp8, in elements = bytes) and `block_stride_bytes`
   // / `data_section_bytes` (nvfp4); 0 means dense.

@@ -6,5 +6,6 @@
 #include "metrale/cpu.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/error.hpp"
+#include "metrale/format.hpp"
 #include "metrale/ops.hpp"
 #include "metrale/plan.hpp"

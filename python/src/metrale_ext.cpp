@@ -592,10 +592,8 @@ NB_MODULE(_metrale, m) {
     }
   });
 
-  nb::enum_<KvFormat>(m, "KvFormat")
-      .value("bf16", KvFormat::bf16)
-      .value("fp8_e4m3", KvFormat::fp8_e4m3)
-      .value("nvfp4", KvFormat::nvfp4);
+  nb::enum_<KvFormat> kv_format(m, "KvFormat");
+  for (const KvFormatDesc& f : kKvFormats) kv_format.value(f.enum_name, f.format);
 
   nb::class_<KvCacheLayout>(m, "KvCacheLayout")
       .def_static("bf16", &KvCacheLayout::bf16, nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("num_kv_heads"),

@@ -24,21 +24,6 @@ inline void axpy(float p, const float* __restrict x, float* __restrict y, int32_
   for (int32_t d = 0; d < n; ++d) y[d] += p * x[d];
 }
 
-float per_tensor_k_scale(const DecodeArgs& a) {
-  switch (a.cache.layout.format) {
-    case KvFormat::fp8_e4m3: return a.cache.scales.k_scale;
-    case KvFormat::nvfp4: return a.cache.scales.k_global_scale;
-    default: return 1.0f;
-  }
-}
-float per_tensor_v_scale(const DecodeArgs& a) {
-  switch (a.cache.layout.format) {
-    case KvFormat::fp8_e4m3: return a.cache.scales.v_scale;
-    case KvFormat::nvfp4: return a.cache.scales.v_global_scale;
-    default: return 1.0f;
-  }
-}
-
 }  // namespace
 
 DecodeContext::DecodeContext(const DecodeArgs& args)
@@ -47,8 +32,8 @@ DecodeContext::DecodeContext(const DecodeArgs& args)
       head_dim(args.cache.layout.head_dim),
       block_size(args.cache.layout.block_size),
       group(args.num_q_heads / args.cache.layout.num_kv_heads),
-      k_logit_scale(args.sm_scale * per_tensor_k_scale(args)),
-      v_out_scale(per_tensor_v_scale(args)) {}
+      k_logit_scale(args.sm_scale * kv_format_desc(args.cache.layout.format).k_scale(args.cache.scales)),
+      v_out_scale(kv_format_desc(args.cache.layout.format).v_scale(args.cache.scales)) {}
 
 DecodeContext::SeqRange DecodeContext::seq_range(int32_t seq) const {
   const int32_t len = std::max(a.seq_lens[seq], 0);
@@ -87,6 +72,7 @@ bool pages_valid(const DecodeContext& c, int32_t seq, PageRange pages) {
 void attend_pages(const DecodeContext& c, int32_t seq, int32_t kv_head, PageRange pages, int32_t pos_begin,
                   int32_t pos_end, GroupState& st) {
   const KvCacheLayout& layout = c.a.cache.layout;
+  const KvFormatDesc& fmt = kv_format_desc(layout.format);
   const CodecTables& tab = CodecTables::get();
   const int32_t* row = c.a.block_tables + int64_t(seq) * c.a.max_blocks_per_seq;
   const int32_t G = c.group, D = c.head_dim, B = c.block_size, H = c.num_kv_heads;
@@ -101,13 +87,13 @@ void attend_pages(const DecodeContext& c, int32_t seq, int32_t kv_head, PageRang
     const uint8_t* vpage = page_ptr(c.a.cache.v, layout, row[pg]);
     if (pg + 1 < pages.end) {  // fetch the next page's rows of this head while this one computes
       const int32_t n1 = int32_t(std::min<int64_t>(base + 2 * B, pos_end) - (base + B));
-      prefetch_rows(page_ptr(c.a.cache.k, layout, row[pg + 1]), layout, 0, n1, kv_head);
-      prefetch_rows(page_ptr(c.a.cache.v, layout, row[pg + 1]), layout, 0, n1, kv_head);
+      prefetch_rows(fmt, page_ptr(c.a.cache.k, layout, row[pg + 1]), layout, 0, n1, kv_head);
+      prefetch_rows(fmt, page_ptr(c.a.cache.v, layout, row[pg + 1]), layout, 0, n1, kv_head);
     }
 
     // Logits of the page: one dequantized K row serves every q head of the group.
     for (int32_t t = t0; t < t1; ++t) {
-      dequant_row(kpage, layout, int64_t(t) * H + kv_head, tab, st.k.data());
+      dequant_row(fmt, kpage, layout, int64_t(t) * H + kv_head, tab, st.k.data());
       for (int32_t g = 0; g < G; ++g) st.p[size_t(g) * B + (t - t0)] = dot(&st.q[size_t(g) * D], st.k.data(), D);
     }
     // Online softmax, rescaling once per page. max() would drop a NaN logit,
@@ -141,7 +127,7 @@ void attend_pages(const DecodeContext& c, int32_t seq, int32_t kv_head, PageRang
     }
     // p * V: a NaN in V reaches the output through the multiply (0 * NaN = NaN).
     for (int32_t t = t0; t < t1; ++t) {
-      dequant_row(vpage, layout, int64_t(t) * H + kv_head, tab, st.v.data());
+      dequant_row(fmt, vpage, layout, int64_t(t) * H + kv_head, tab, st.v.data());
       for (int32_t g = 0; g < G; ++g) axpy(st.p[size_t(g) * B + (t - t0)], st.v.data(), &st.acc[size_t(g) * D], D);
     }
   }

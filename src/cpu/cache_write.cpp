@@ -2,55 +2,21 @@
 // written to its slot, quantized with the codecs of metrale/codec.hpp only,
 // so the codes and scales are bit-identical to the GPU's.
 #include <atomic>
-#include <cstring>
 
+#include "cpu/kv_rows.hpp"
 #include "cpu/thread_pool.hpp"
 #include "host/validate.hpp"
-#include "metrale/codec.hpp"
 #include "metrale/cpu.hpp"
 
 namespace metrale::cpu {
-namespace {
-
-// Writes one token's row of one cache (K or V): `src` holds H*D bf16 values
-// (kv head h at h*D), `page` the start of the slot's page, `t` the slot's
-// offset in the page. `inv_scale` (fp8) and `global_scale` (nvfp4) per tensor.
-void write_row(const bf16* src, uint8_t* page, int64_t t, const KvCacheLayout& l, float inv_scale,
-               float global_scale) {
-  const int64_t hd = int64_t(l.num_kv_heads) * l.head_dim;  // row (t*H + h)*D + d == t*H*D + (h*D + d)
-  switch (l.format) {
-    case KvFormat::bf16:
-      std::memcpy(page + t * hd * 2, src, size_t(hd) * 2);
-      break;
-    case KvFormat::fp8_e4m3: {
-      uint8_t* dst = page + t * hd;
-      for (int64_t i = 0; i < hd; ++i) dst[i] = codec::e4m3_rne_satfinite(codec::bf16_to_float(src[i]) * inv_scale);
-      break;
-    }
-    case KvFormat::nvfp4: {
-      constexpr int G = codec::kNvfp4GroupSize;
-      uint8_t* codes = page + t * hd / 2;
-      uint8_t* scales = page + l.data_section_bytes + t * hd / G;
-      float x[G];
-      for (int64_t g = 0; g < hd / G; ++g) {  // groups never straddle heads: D % 16 == 0
-        for (int i = 0; i < G; ++i) x[i] = codec::bf16_to_float(src[g * G + i]);
-        scales[g] = codec::nvfp4_quantize_group(x, global_scale, codes + g * (G / 2));
-      }
-      break;
-    }
-  }
-}
-
-}  // namespace
 
 int64_t reshape_and_cache(const CacheWriteArgs& a) {
   metrale::detail::validate_cache_write(a);
   if (a.num_tokens == 0) return 0;
   const KvCacheLayout& l = a.cache.layout;
-  const KvScales& sc = a.cache.scales;
-  // fp8: inv_scale = 1.0f / scale, computed once in f32 (SYSTEM.md 2).
-  const float k_inv = l.format == KvFormat::fp8_e4m3 ? 1.0f / sc.k_scale : 1.0f;
-  const float v_inv = l.format == KvFormat::fp8_e4m3 ? 1.0f / sc.v_scale : 1.0f;
+  const KvFormatDesc& f = kv_format_desc(l.format);
+  const float k_tensor = f.k_scale(a.cache.scales), v_tensor = f.v_scale(a.cache.scales);
+  const int64_t hd = int64_t(l.num_kv_heads) * l.head_dim;  // one token's rows t*H .. t*H + H-1
   const int64_t capacity = l.capacity_slots();
   uint8_t* k_base = static_cast<uint8_t*>(a.cache.k);
   uint8_t* v_base = static_cast<uint8_t*>(a.cache.v);
@@ -67,8 +33,10 @@ int64_t reshape_and_cache(const CacheWriteArgs& a) {
       }
       const int64_t block = slot / l.block_size, t = slot % l.block_size;
       const int64_t page_off = block * l.page_stride_bytes;
-      write_row(a.key + j * a.key_stride, k_base + page_off, t, l, k_inv, sc.k_global_scale);
-      write_row(a.value + j * a.value_stride, v_base + page_off, t, l, v_inv, sc.v_global_scale);
+      const int64_t codes = page_off + f.code_offset(l, t * l.num_kv_heads);
+      const int64_t scales = page_off + f.scale_offset(l, t * l.num_kv_heads);
+      detail::quantize_row(f, a.key + j * a.key_stride, hd, k_tensor, k_base + codes, k_base + scales);
+      detail::quantize_row(f, a.value + j * a.value_stride, hd, v_tensor, v_base + codes, v_base + scales);
     }
     if (local_skipped) skipped.fetch_add(local_skipped, std::memory_order_relaxed);
   });

@@ -1,4 +1,5 @@
-// Reading one (token, kv head) row of a paged cache as f32 (SYSTEM.md 2-3).
+// Reading one (token, kv head) row of a paged cache as f32, and writing one
+// (SYSTEM.md 2-3): the CPU codecs of the element codes of metrale/format.hpp.
 //
 // Decode dequantizes each row once and serves every q head of its GQA group
 // from the f32 copy. The per-tensor scales (fp8 k/v_scale, nvfp4 global
@@ -7,9 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "metrale/cache.hpp"
 #include "metrale/codec.hpp"
+#include "metrale/format.hpp"
 
 namespace metrale::cpu::detail {
 
@@ -25,31 +28,59 @@ inline const uint8_t* page_ptr(const void* cache, const KvCacheLayout& l, int64_
   return static_cast<const uint8_t*>(cache) + block * l.page_stride_bytes;
 }
 
-// Dequantizes row (t*H + h) of a page into out[0, D) (without the per-tensor scale).
-inline void dequant_row(const uint8_t* page, const KvCacheLayout& l, int64_t row, const CodecTables& tab,
-                        float* __restrict out) {
+// The CPU codec of each element code (metrale/format.hpp): dequantizes row
+// (t*H + h) of a page into out[0, D) (without the per-tensor scale), the
+// values of KvFormatDesc::unscaled_element through the tables.
+inline void dequant_row(const KvFormatDesc& f, const uint8_t* page, const KvCacheLayout& l, int64_t row,
+                        const CodecTables& tab, float* __restrict out) {
   const int32_t d_len = l.head_dim;
-  switch (l.format) {
-    case KvFormat::bf16: {
-      const uint16_t* src = reinterpret_cast<const uint16_t*>(page) + row * d_len;
+  const uint8_t* codes = page + f.code_offset(l, row);
+  switch (f.code) {
+    case KvCode::bf16: {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(codes);
       for (int32_t d = 0; d < d_len; ++d) out[d] = codec::f32_from_bits(uint32_t(src[d]) << 16);
       break;
     }
-    case KvFormat::fp8_e4m3: {
-      const uint8_t* src = page + row * d_len;
-      for (int32_t d = 0; d < d_len; ++d) out[d] = tab.e4m3[src[d]];
+    case KvCode::e4m3:
+      for (int32_t d = 0; d < d_len; ++d) out[d] = tab.e4m3[codes[d]];
+      break;
+    case KvCode::e2m1:
+      for (int32_t b = 0; b < d_len / 2; ++b) {
+        const float* pair = tab.e2m1_pair[codes[b]];
+        out[2 * b] = pair[0];
+        out[2 * b + 1] = pair[1];
+      }
+      break;
+  }
+  if (f.group_size == 0) return;
+  const uint8_t* scales = page + f.scale_offset(l, row);
+  for (int32_t g = 0; g < d_len / f.group_size; ++g) {
+    const float s = tab.e4m3[scales[g]];
+    for (int32_t i = g * f.group_size; i < (g + 1) * f.group_size; ++i) out[i] *= s;
+  }
+}
+
+// Quantizes n bf16 values (whole rows: n is a multiple of the group size)
+// into codes (and group scales) with the codecs of metrale/codec.hpp;
+// `tensor` is the per-tensor scale (fp8: x = code * tensor; nvfp4: the
+// global scale). Bit-identical to the GPU cache write.
+inline void quantize_row(const KvFormatDesc& f, const bf16* src, int64_t n, float tensor, uint8_t* codes,
+                         uint8_t* scales) {
+  switch (f.code) {
+    case KvCode::bf16:
+      std::memcpy(codes, src, size_t(n) * 2);
+      break;
+    case KvCode::e4m3: {
+      const float inv = 1.0f / tensor;  // in f32, once (SYSTEM.md 2)
+      for (int64_t i = 0; i < n; ++i) codes[i] = codec::e4m3_rne_satfinite(codec::bf16_to_float(src[i]) * inv);
       break;
     }
-    case KvFormat::nvfp4: {
-      const uint8_t* codes = page + row * (d_len / 2);
-      const uint8_t* scales = page + l.data_section_bytes + row * (d_len / codec::kNvfp4GroupSize);
-      for (int32_t g = 0; g < d_len / codec::kNvfp4GroupSize; ++g) {
-        const float s = tab.e4m3[scales[g]];
-        for (int32_t b = 0; b < codec::kNvfp4GroupSize / 2; ++b) {
-          const float* pair = tab.e2m1_pair[codes[g * 8 + b]];
-          out[g * 16 + 2 * b] = pair[0] * s;
-          out[g * 16 + 2 * b + 1] = pair[1] * s;
-        }
+    case KvCode::e2m1: {
+      constexpr int G = codec::kNvfp4GroupSize;
+      float x[G];
+      for (int64_t g = 0; g < n / G; ++g) {
+        for (int i = 0; i < G; ++i) x[i] = codec::bf16_to_float(src[g * G + i]);
+        scales[g] = codec::nvfp4_quantize_group(x, tensor, codes + g * (G / 2));
       }
       break;
     }
@@ -58,14 +89,14 @@ inline void dequant_row(const uint8_t* page, const KvCacheLayout& l, int64_t row
 
 // Software prefetch of rows (t*H + h), t in [t0, t1), of a page: one kv
 // head's rows are H rows apart, a stride the hardware prefetcher follows badly.
-inline void prefetch_rows(const uint8_t* page, const KvCacheLayout& l, int32_t t0, int32_t t1, int32_t h) {
-  const int64_t row_bytes = l.format == KvFormat::bf16 ? 2 * l.head_dim
-                            : l.format == KvFormat::fp8_e4m3 ? l.head_dim : l.head_dim / 2;
+inline void prefetch_rows(const KvFormatDesc& f, const uint8_t* page, const KvCacheLayout& l, int32_t t0, int32_t t1,
+                          int32_t h) {
+  const int64_t row_bytes = f.row_code_bytes(l.head_dim);
   for (int32_t t = t0; t < t1; ++t) {
     const int64_t row = int64_t(t) * l.num_kv_heads + h;
-    const uint8_t* p = page + row * row_bytes;
+    const uint8_t* p = page + f.code_offset(l, row);
     for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off);
-    if (l.format == KvFormat::nvfp4) __builtin_prefetch(page + l.data_section_bytes + row * (l.head_dim / 16));
+    if (f.group_size) __builtin_prefetch(page + f.scale_offset(l, row));
   }
 }
 

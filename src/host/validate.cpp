@@ -6,6 +6,7 @@
 #include <string>
 
 #include "metrale/error.hpp"
+#include "metrale/format.hpp"
 
 namespace metrale::detail {
 namespace {
@@ -27,12 +28,10 @@ void validate_cache_view(const KvCacheView& cache) {
   cache.layout.validate();
   check_ptr(cache.k, "cache.k", true);
   check_ptr(cache.v, "cache.v", true);
-  if (cache.layout.format == KvFormat::fp8_e4m3) {
-    check_scale(cache.scales.k_scale, "cache.scales.k_scale");
-    check_scale(cache.scales.v_scale, "cache.scales.v_scale");
-  } else if (cache.layout.format == KvFormat::nvfp4) {
-    check_scale(cache.scales.k_global_scale, "cache.scales.k_global_scale");
-    check_scale(cache.scales.v_global_scale, "cache.scales.v_global_scale");
+  const KvFormatDesc& f = kv_format_desc(cache.layout.format);
+  if (f.tensor_scale != KvTensorScale::none) {
+    check_scale(f.k_scale(cache.scales), f.k_scale_name());
+    check_scale(f.v_scale(cache.scales), f.v_scale_name());
   }
 }
 

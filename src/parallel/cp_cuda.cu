@@ -14,6 +14,7 @@
 #include "kernels/common/cuda_check.hpp"
 #include "metrale/codec.hpp"
 #include "metrale/context_parallel.hpp"
+#include "metrale/format.hpp"
 #include "metrale/softmax_state.hpp"
 
 namespace metrale::kernels {
@@ -23,6 +24,7 @@ struct EdgeParams {
   int64_t q_stride;
   int32_t num_q_heads, group;
   KvCacheLayout layout;
+  KvFormatDesc format;  // layout.format's description (its dequantisation)
   const uint8_t* k;
   const uint8_t* v;
   KvScales scales;
@@ -36,18 +38,8 @@ __device__ __forceinline__ float edge_elem(const EdgeParams& p, const uint8_t* c
   const KvCacheLayout& L = p.layout;
   const uint8_t* base = cache + int64_t(page) * L.page_stride_bytes;
   const int64_t row = int64_t(t) * L.num_kv_heads + h;
-  if (L.format == KvFormat::bf16) {
-    bf16 v;
-    v.bits = reinterpret_cast<const uint16_t*>(base)[row * L.head_dim + d];
-    return codec::bf16_to_float(v);
-  }
-  if (L.format == KvFormat::fp8_e4m3)
-    return codec::e4m3_to_float(base[row * L.head_dim + d]) * (is_k ? p.scales.k_scale : p.scales.v_scale);
-  const uint8_t byte = base[row * L.head_dim / 2 + d / 2];
-  const uint8_t code = (d & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xF);
-  const uint8_t sc = base[L.data_section_bytes + row * (L.head_dim / 16) + d / 16];
-  return codec::e2m1_to_float(code) * codec::e4m3_to_float(sc) *
-         (is_k ? p.scales.k_global_scale : p.scales.v_global_scale);
+  return p.format.element(base + p.format.code_offset(L, row), base + p.format.scale_offset(L, row), d,
+                          is_k ? p.format.k_scale(p.scales) : p.format.v_scale(p.scales));
 }
 
 constexpr int kEdgeThreads = 128;
@@ -120,6 +112,7 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* reco
                         a.num_q_heads,
                         a.num_q_heads / a.cache.layout.num_kv_heads,
                         a.cache.layout,
+                        kv_format_desc(a.cache.layout.format),
                         static_cast<const uint8_t*>(a.cache.k),
                         static_cast<const uint8_t*>(a.cache.v),
                         a.cache.scales,

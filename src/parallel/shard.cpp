@@ -13,6 +13,7 @@
 #include "metrale/context_parallel.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/error.hpp"
+#include "metrale/format.hpp"
 #include "metrale/softmax_state.hpp"
 
 namespace metrale::cp {
@@ -161,25 +162,11 @@ namespace {
 // Dequantized element d of token t, kv head h of cache page `page` (SYSTEM.md 2, 3).
 float cache_elem(const KvCacheView& c, bool is_k, int32_t page, int32_t t, int32_t h, int32_t d) {
   const KvCacheLayout& L = c.layout;
+  const KvFormatDesc& f = kv_format_desc(L.format);
   const uint8_t* base = static_cast<const uint8_t*>(is_k ? c.k : c.v) + int64_t(page) * L.page_stride_bytes;
   const int64_t row = int64_t(t) * L.num_kv_heads + h;
-  switch (L.format) {
-    case KvFormat::bf16: {
-      bf16 v;
-      std::memcpy(&v, base + (row * L.head_dim + d) * 2, 2);
-      return codec::bf16_to_float(v);
-    }
-    case KvFormat::fp8_e4m3:
-      return codec::e4m3_to_float(base[row * L.head_dim + d]) * (is_k ? c.scales.k_scale : c.scales.v_scale);
-    case KvFormat::nvfp4: {
-      const uint8_t byte = base[row * L.head_dim / 2 + d / 2];
-      const uint8_t code = (d & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xF);
-      const uint8_t sc = base[L.data_section_bytes + row * (L.head_dim / 16) + d / 16];
-      return codec::e2m1_to_float(code) * codec::e4m3_to_float(sc) *
-             (is_k ? c.scales.k_global_scale : c.scales.v_global_scale);
-    }
-  }
-  return std::numeric_limits<float>::quiet_NaN();
+  return f.element(base + f.code_offset(L, row), base + f.scale_offset(L, row), d,
+                   is_k ? f.k_scale(c.scales) : f.v_scale(c.scales));
 }
 
 void check_rank_args(const DecodeArgs& a, const void* edges, const float* records) {

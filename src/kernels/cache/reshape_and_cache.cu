@@ -2,14 +2,15 @@
 // V rows (bf16, strided) into its slot of the paged K and V caches, as BF16,
 // FP8 E4M3 or NVFP4.
 //
-// Design (one kernel template over the format policy, three instantiations):
-//  * Work unit = one "chunk": kElems consecutive head_dim elements of one
+// Design (one kernel template over the format policies of kernels/formats/,
+// which own the per-format chunk load and quantization; three instantiations):
+//  * Work unit = one "chunk": kWriteElems consecutive head_dim elements of one
 //    (token, K|V, kv head) row. bf16: 8 elements (16-byte load, 16-byte store);
 //    fp8: 16 elements (two 16-byte loads, one 16-byte store); nvfp4: 32
 //    elements = two scale groups (four 16-byte loads, one 16-byte store of
 //    packed codes, one 2-byte store of the two E4M3 scales; two groups per
 //    thread halve the per-chunk index math and give the quantizer two
-//    independent chains). A row of head_dim D (64, 128, 256) is D/kElems
+//    independent chains). A row of head_dim D (64, 128, 256) is D/kWriteElems
 //    chunks (2..32 threads); consecutive threads take consecutive
 //    chunks of a token's K heads, then its V heads, so loads and stores of a
 //    warp are contiguous runs.
@@ -43,6 +44,9 @@
 #include "host/validate.hpp"
 #include "kernels/cache/quantize_fast.cuh"
 #include "kernels/common/cuda_check.hpp"
+#include "kernels/formats/bf16.cuh"
+#include "kernels/formats/fp8.cuh"
+#include "kernels/formats/nvfp4.cuh"
 #include "metrale/codec.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/error.hpp"
@@ -72,7 +76,7 @@ struct CacheWriteParams {
   int32_t head_dim;
   int32_t log2_block_size;
   int32_t log2_chunks_per_row;
-  int32_t chunks_per_token;  // 2 * H * D / kElems
+  int32_t chunks_per_token;  // 2 * H * D / kWriteElems
   uint32_t cpt_magic;        // ceil(2^32 / chunks_per_token): it / cpt = umulhi(it, cpt_magic)
   int32_t tokens_per_tile;
   // nvfp4 unit route only (Nvfp4UnitKernel): 6.0f * g of K and V, and the
@@ -81,79 +85,6 @@ struct CacheWriteParams {
   float v_six_g;
   int32_t row_code_bytes;
   int32_t row_scale_bytes;
-};
-
-// Unpacks 8 bf16 (one 16-byte word) into f32; exact.
-__device__ __forceinline__ void unpack8(const uint4 v, float* out) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = codec::f32_from_bits(w[i] << 16);
-    out[2 * i + 1] = codec::f32_from_bits(w[i] & 0xffff0000u);
-  }
-}
-
-// ---- format policies: elements per chunk, the raw chunk a thread loads,
-// and how it is stored ----
-struct Bf16Policy {
-  static constexpr int kElems = 8;
-  struct Raw {
-    uint4 v;
-  };
-  __device__ static Raw load(const bf16* src) { return {__ldg(reinterpret_cast<const uint4*>(src))}; }
-  __device__ static void store(const Raw& r, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
-                               int64_t /*data_section*/, float /*param*/) {
-    *reinterpret_cast<uint4*>(page + ((row * D) << 1) + chunk * 16) = r.v;  // copied bit for bit
-  }
-};
-
-struct Fp8Policy {
-  static constexpr int kElems = 16;
-  struct Raw {
-    uint4 v[2];
-  };
-  __device__ static Raw load(const bf16* src) {
-    const uint4* p = reinterpret_cast<const uint4*>(src);
-    return {{__ldg(p), __ldg(p + 1)}};
-  }
-  __device__ static void store(const Raw& r, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
-                               int64_t /*data_section*/, float inv_scale) {
-    float x[16];
-    unpack8(r.v[0], x);
-    unpack8(r.v[1], x + 8);
-    // The product is rounded to f32 first, exactly as the reference does.
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      w[i] = fastq::e4m3x4_rne_satfinite(x[4 * i] * inv_scale, x[4 * i + 1] * inv_scale, x[4 * i + 2] * inv_scale,
-                                         x[4 * i + 3] * inv_scale);
-    *reinterpret_cast<uint4*>(page + row * D + chunk * 16) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-};
-
-struct Nvfp4Policy {
-  static constexpr int kElems = 32;  // two scale groups, quantized independently (ILP)
-  struct Raw {
-    uint4 v[4];
-  };
-  __device__ static Raw load(const bf16* src) {
-    const uint4* p = reinterpret_cast<const uint4*>(src);
-    return {{__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3)}};
-  }
-  // 16 bytes of codes at (row*D + 32*chunk)/2 and 2 scale bytes at
-  // row*D/16 + 2*chunk: aligned, as D is a multiple of 32 and the page
-  // stride, data section and cache base are multiples of 16 (validated).
-  __device__ static void store(const Raw& r, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
-                               int64_t data_section, float global_scale) {
-    const uint32_t w[16] = {r.v[0].x, r.v[0].y, r.v[0].z, r.v[0].w, r.v[1].x, r.v[1].y, r.v[1].z, r.v[1].w,
-                            r.v[2].x, r.v[2].y, r.v[2].z, r.v[2].w, r.v[3].x, r.v[3].y, r.v[3].z, r.v[3].w};
-    uint32_t packed[4];
-    uint8_t s[2];
-    fastq::nvfp4_quantize_groups<2>(w, global_scale, packed, s);
-    *reinterpret_cast<uint4*>(page + ((row * D) >> 1) + chunk * 16) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    *reinterpret_cast<uint16_t*>(page + data_section + row * (D >> 4) + chunk * 2) = uint16_t(s[0] | (s[1] << 8));
-  }
 };
 
 // Both kernels' work split: kThreads-thread tiles of tokens_per_tile tokens,
@@ -204,18 +135,18 @@ __global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const __gri
     const bool is_v = r >= H;
     const int32_t h = is_v ? r - H : r;
     const bf16* src = is_v ? p.value + token * p.value_stride : p.key + token * p.key_stride;
-    src += int64_t(h) * p.head_dim + int64_t(chunk) * P::kElems;
+    src += int64_t(h) * p.head_dim + int64_t(chunk) * P::kWriteElems;
     // The source row does not depend on the slot: issue its loads together
     // with the slot's so the two latencies overlap (a padding token's row
     // is read for nothing, but it lies inside the key/value input).
-    const typename P::Raw raw = P::load(src);
+    const typename P::WriteChunk raw = P::load_chunk(src);
     const int64_t slot = __ldg(p.slot_mapping + token);
     if (!slot_in_cache(p, slot, rem, skipped)) return;
     const int64_t block = slot >> p.log2_block_size;
     const int64_t offset = slot & ((int64_t(1) << p.log2_block_size) - 1);
     uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
     const int64_t row = offset * H + h;  // (t*H + h) within the page
-    P::store(raw, page, row, chunk, p.head_dim, p.data_section_bytes, is_v ? p.v_param : p.k_param);
+    P::store_chunk(raw, page, row, chunk, p.head_dim, p.data_section_bytes, is_v ? p.v_param : p.k_param);
   });
 }
 
@@ -235,7 +166,7 @@ __device__ __forceinline__ uint4 ldg_nc_v4_early(const void* ptr) {
 
 // NVFP4 for global scales that pass fastq::nvfp4_unit_route_ok (every
 // ordinary g; the host checks K's and V's once per launch, otherwise
-// reshape_and_cache_kernel<Nvfp4Policy> runs). Same work split
+// reshape_and_cache_kernel<Nvfp4Format> runs). Same work split
 // (for_each_chunk, 32-element chunks), with the chunk index taken over a
 // token's whole K (or V) row: heads are contiguous in the input
 // row and in the page (row (t*H + h) * D/2 bytes of codes, D/16 of scales),
@@ -279,10 +210,14 @@ int log2_exact(int64_t v) {
   return l;
 }
 
+// Launches the write of format policy P (kernels/formats/), by default its
+// reshape_and_cache_kernel.
 template <class P>
-void launch(CacheWriteParams p, cudaStream_t stream, const char* name,
+void launch(CacheWriteParams p, const KvScales& scales, cudaStream_t stream, const char* name,
             void (*kernel)(const CacheWriteParams) = reshape_and_cache_kernel<P>) {
-  const int32_t cpr = p.head_dim / P::kElems;
+  p.k_param = P::write_param(P::kDesc.k_scale(scales));
+  p.v_param = P::write_param(P::kDesc.v_scale(scales));
+  const int32_t cpr = p.head_dim / P::kWriteElems;
   p.log2_chunks_per_row = log2_exact(cpr);
   p.chunks_per_token = 2 * p.num_kv_heads * cpr;  // <= 2 * 1024 * 32
   p.tokens_per_tile = p.chunks_per_token >= kThreads ? 1 : kThreads / p.chunks_per_token;
@@ -323,30 +258,20 @@ void reshape_and_cache(const CacheWriteArgs& args, Stream stream) {
   p.log2_block_size = log2_exact(l.block_size);  // block sizes are powers of two (validated)
 
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  const KvScales& sc = args.cache.scales;
+  // The one dispatch from the runtime format to its policy.
   switch (l.format) {
-    case KvFormat::bf16:
-      p.k_param = p.v_param = 0.0f;
-      launch<Bf16Policy>(p, s, "reshape_and_cache<bf16>");
-      break;
-    case KvFormat::fp8_e4m3:
-      // inv_scale = 1.0f / scale, once, in f32 (SYSTEM.md 2).
-      p.k_param = 1.0f / args.cache.scales.k_scale;
-      p.v_param = 1.0f / args.cache.scales.v_scale;
-      launch<Fp8Policy>(p, s, "reshape_and_cache<fp8>");
-      break;
+    case KvFormat::bf16: return launch<kernels::Bf16Format>(p, sc, s, "reshape_and_cache<bf16>");
+    case KvFormat::fp8_e4m3: return launch<kernels::Fp8Format>(p, sc, s, "reshape_and_cache<fp8>");
     case KvFormat::nvfp4:
-      p.k_param = args.cache.scales.k_global_scale;
-      p.v_param = args.cache.scales.v_global_scale;
-      if (fastq::nvfp4_unit_route_ok(p.k_param) && fastq::nvfp4_unit_route_ok(p.v_param)) {
-        p.k_six_g = 6.0f * p.k_param;  // the codec's f32 product
-        p.v_six_g = 6.0f * p.v_param;
-        p.row_code_bytes = p.num_kv_heads * p.head_dim / 2;
-        p.row_scale_bytes = p.num_kv_heads * p.head_dim / 16;
-        launch<Nvfp4Policy>(p, s, "reshape_and_cache<nvfp4>", nvfp4_unit_kernel);
-      } else {
-        launch<Nvfp4Policy>(p, s, "reshape_and_cache<nvfp4, extreme global scale>");
+      if (fastq::nvfp4_unit_route_ok(sc.k_global_scale) && fastq::nvfp4_unit_route_ok(sc.v_global_scale)) {
+        p.k_six_g = 6.0f * sc.k_global_scale;  // the codec's f32 product
+        p.v_six_g = 6.0f * sc.v_global_scale;
+        p.row_code_bytes = p.num_kv_heads * int32_t(kernels::Nvfp4Format::kDesc.row_code_bytes(p.head_dim));
+        p.row_scale_bytes = p.num_kv_heads * int32_t(kernels::Nvfp4Format::kDesc.row_scale_bytes(p.head_dim));
+        return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4>", nvfp4_unit_kernel);
       }
-      break;
+      return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, extreme global scale>");
   }
 }
 

@@ -12,6 +12,7 @@
 #include "kernels/decode/kv_tensor_map.hpp"
 #include "kernels/reduce/reduce.hpp"
 #include "metrale/cuda.hpp"
+#include "metrale/format.hpp"
 #include "plan/planner.hpp"
 
 namespace metrale::cuda {
@@ -74,17 +75,11 @@ DecodeParams make_params(const DecodePlan& plan, const DecodeArgs& a, float* wor
   p.head_tiles = plan.head_tiles;
   p.block_size = L.block_size;
   p.sliding_window = a.sliding_window;
-  float k_factor = 1.0f, v_factor = 1.0f;
-  if (L.format == KvFormat::fp8_e4m3) {
-    k_factor = a.cache.scales.k_scale;
-    v_factor = a.cache.scales.v_scale;
-  } else if (L.format == KvFormat::nvfp4) {
-    k_factor = a.cache.scales.k_global_scale * kernels::Nvfp4Format::kOperandFactor;
-    v_factor = a.cache.scales.v_global_scale * kernels::Nvfp4Format::kOperandFactor;
-  }
+  // The per-tensor scales and the operand factor (metrale/format.hpp).
+  const KvFormatDesc& f = kv_format_desc(L.format);
   constexpr float kLog2e = 1.4426950408889634f;
-  p.qk_log2_scale = a.sm_scale * kLog2e * k_factor;
-  p.v_factor = v_factor;
+  p.qk_log2_scale = a.sm_scale * kLog2e * (f.k_scale(a.cache.scales) * f.operand_factor);
+  p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
   p.num_splits = plan.num_splits;
   p.cluster_merge = plan.merge == DecodeMerge::cluster;
   // The workspace merge writes only the records; the others write `out`.

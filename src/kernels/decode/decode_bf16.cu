@@ -1,5 +1,6 @@
 // Decode kernels for the bf16 cache format (head_dim 64, 128, 256).
 #include "kernels/decode/decode_launch.cuh"
+#include "kernels/formats/bf16.cuh"
 
 namespace metrale::kernels {
 

@@ -23,7 +23,7 @@ constexpr bool k_permutation_ok() {
     for (int r = 0; r < 4; ++r) {
       const int e = Fmt::k_elem(kk, r);
       if (e < 0 || e >= kN || seen[e]) return false;
-      if (Fmt::kScaled && e / 16 != kk / 4) return false;
+      if (Fmt::kScaled && e / Fmt::kGroupSize != 4 * kk / Fmt::kGroupSize) return false;
       seen[e] = true;
     }
   return true;
@@ -93,9 +93,9 @@ struct DecodeConfig {
   // steps the compiler interleaves (bench/RESULTS.md, v6).
   static constexpr int kStages = kTma ? 1 : (kInFlightSteps >= 2 ? 2 : 1);
   static constexpr int kUnroll = kTma ? kTmaStageSteps : kInFlightSteps / kStages;
-  // NVFP4 group scales per thread and token (one per 16 elements).
-  static constexpr int kKScaleBytes = Fmt::kScaled ? kKVecs * kKElemsPerVec / 16 : 1;
-  static constexpr int kVScalesPerVec = kVElemsPerVec >= 16 ? kVElemsPerVec / 16 : 1;
+  // Group scales per thread and token (scaled formats: one per Fmt::kGroupSize elements).
+  static constexpr int kKScaleBytes = Fmt::kScaled ? kKVecs * kKElemsPerVec / Fmt::kGroupSize : 1;
+  static constexpr int kVScalesPerVec = kVElemsPerVec >= Fmt::kGroupSize ? kVElemsPerVec / Fmt::kGroupSize : 1;
   static constexpr int kVScaleBytes = Fmt::kScaled ? kVVecs * kVScalesPerVec : 1;
   static constexpr float kRescaleThreshold = 8.0f;  // log2 units: weights < 2^8
   // V tokens of thread (g, c) in a step: 2c + vtok(t), t = 0..3.
@@ -156,7 +156,7 @@ struct DecodeConfig {
   static_assert(kKVecBytes >= 4 && kVVecBytes >= 4, "rows too narrow for word loads");
   static_assert(kKScaleBytes <= 4 && (!Fmt::kScaled || kVVecs == 1), "a thread's scale bytes of a token fit a word");
   static_assert(kKElemsPerVec % 4 == 0, "a k-step takes 4 elements per thread");
-  static_assert(!Fmt::kScaled || kKElemsPerVec % 16 == 0, "K vectors must hold whole NVFP4 groups");
+  static_assert(!Fmt::kScaled || kKElemsPerVec % Fmt::kGroupSize == 0, "K vectors must hold whole scale groups");
   static_assert(kDTiles % 2 == 0, "V is converted two tiles at a time");
   static_assert(k_permutation_ok<Fmt, D>(), "Fmt::k_elem must permute the quarter row, one scale group per k-step");
 };

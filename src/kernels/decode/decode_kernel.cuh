@@ -163,15 +163,16 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-          for (int j = 0; 2 * j < Cfg::kKScaleBytes; ++j) ksc[t][j] = Nvfp4Format::scale_pair(b.ks[u][t] >> (16 * j));
+          for (int j = 0; 2 * j < Cfg::kKScaleBytes; ++j) ksc[t][j] = Fmt::scale_pair(b.ks[u][t] >> (16 * j));
       }
 #pragma unroll
       for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
         uint32_t a[4];
         uint32_t ks0 = 0, ks1 = 0;
         if constexpr (Fmt::kScaled) {
-          ks0 = f16x2_broadcast(ksc[0][kk / 8], (kk / 4) % 2);
-          ks1 = f16x2_broadcast(ksc[1][kk / 8], (kk / 4) % 2);
+          constexpr int kGroupSteps = Fmt::kGroupSize / 4;  // k-steps per scale group
+          ks0 = f16x2_broadcast(ksc[0][kk / (2 * kGroupSteps)], (kk / kGroupSteps) % 2);
+          ks1 = f16x2_broadcast(ksc[1][kk / (2 * kGroupSteps)], (kk / kGroupSteps) % 2);
         }
         Fmt::k_pair(b.kw[u][0], kk, ks0, a[0], a[2]);
         Fmt::k_pair(b.kw[u][1], kk, ks1, a[1], a[3]);
@@ -251,9 +252,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
         uint32_t vs01 = 0, vs89 = 0;
         if constexpr (Fmt::kScaled) {
           // Byte i of each token's scale bytes: the group of elements 2m..2m+3.
-          const uint32_t i = Cfg::kVElemsPerVec >= 16 ? (2 * m) / 16 : 0;
-          vs01 = Nvfp4Format::scale_pair(byte_perm(b.vs[u][0], b.vs[u][1], i | (i + 4) << 4));
-          vs89 = Nvfp4Format::scale_pair(byte_perm(b.vs[u][2], b.vs[u][3], i | (i + 4) << 4));
+          const uint32_t i = Cfg::kVElemsPerVec >= Fmt::kGroupSize ? (2 * m) / Fmt::kGroupSize : 0;
+          vs01 = Fmt::scale_pair(byte_perm(b.vs[u][0], b.vs[u][1], i | (i + 4) << 4));
+          vs89 = Fmt::scale_pair(byte_perm(b.vs[u][2], b.vs[u][3], i | (i + 4) << 4));
         }
         uint32_t lo[4], hi[4];  // (tokens 2c, 2c+1) and (2c+8, 2c+9): tiles m, m+1
         Fmt::v_quad(b.vw[u][0], b.vw[u][1], 2 * m, vs01, lo);

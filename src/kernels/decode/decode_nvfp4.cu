@@ -1,5 +1,6 @@
 // Decode kernels for the nvfp4 cache format (head_dim 64, 128, 256).
 #include "kernels/decode/decode_launch.cuh"
+#include "kernels/formats/nvfp4.cuh"
 
 namespace metrale::kernels {
 

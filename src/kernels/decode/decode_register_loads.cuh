@@ -23,7 +23,7 @@ struct RegisterLoads {
   using Fmt = typename Cfg::Format;
   static constexpr int D = Cfg::kD;
   static constexpr int U = Cfg::kUnroll;
-  static constexpr int kKScalesPerVec = Cfg::kKElemsPerVec / 16;
+  static constexpr int kKScalesPerVec = Cfg::kKElemsPerVec / Fmt::kGroupSize;
 
   const DecodeParams& p;
   SplitSteps<Cfg>& steps;
@@ -37,7 +37,7 @@ struct RegisterLoads {
   // NVFP4 (instruction-bound) holds them in registers; the wider formats'
   // register path (their fallback) has no registers to spare and recomputes.
   int32_t k_off[2], v_off[4];
-  // NVFP4 scale section: byte (t*H + h)*D/16 + group of a page's section.
+  // Scale section (NVFP4): byte (t*H + h)*D/G + group of a page's section, G = Fmt::kGroupSize.
   // K: the scale bytes of vector i*4 + c (kKScalesPerVec of them, adjacent);
   // V: those of the thread's eighth row (vector g: group g*kVScalesPerVec,
   // or g/2 where a group spans two eighth rows).
@@ -60,9 +60,9 @@ struct RegisterLoads {
     for (int t = 0; t < 2; ++t) k_off[t] = k_offset(t);
 #pragma unroll
     for (int t = 0; t < 4; ++t) v_off[t] = v_offset(t);
-    srow = p.num_kv_heads * (D / 16);
-    const int32_t scale_head = int32_t(p.scale_offset) + kv_head * (D / 16);
-    const int v_grp = Cfg::kVElemsPerVec >= 16 ? g * Cfg::kVScalesPerVec : g / 2;
+    srow = p.num_kv_heads * (D / Fmt::kGroupSize);
+    const int32_t scale_head = int32_t(p.scale_offset) + kv_head * (D / Fmt::kGroupSize);
+    const int v_grp = Cfg::kVElemsPerVec >= Fmt::kGroupSize ? g * Cfg::kVScalesPerVec : g / 2;
 #pragma unroll
     for (int t = 0; t < 2; ++t) ks_off[t] = scale_head + (g + 8 * t) * srow + c * kKScalesPerVec;
 #pragma unroll

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/decode/kv_tensor_map.hpp"
+#include "metrale/format.hpp"
 
 namespace metrale::kernels {
 namespace {
@@ -31,8 +32,7 @@ bool tma_encoder_available() { return encoder() != nullptr; }
 bool make_kv_tensor_map(CUtensorMap& map, const void* base, const KvCacheLayout& L) {
   const auto encode = encoder();
   if (encode == nullptr) return false;
-  const int64_t bits = L.format == KvFormat::bf16 ? 16 : (L.format == KvFormat::fp8_e4m3 ? 8 : 4);
-  const uint64_t row = uint64_t(L.head_dim) * bits / 8;
+  const uint64_t row = uint64_t(kv_format_desc(L.format).row_code_bytes(L.head_dim));
   const cuuint64_t dims[4] = {row, cuuint64_t(L.num_kv_heads), cuuint64_t(L.block_size), cuuint64_t(L.num_blocks)};
   const cuuint64_t strides[3] = {row, row * L.num_kv_heads, cuuint64_t(L.page_stride_bytes)};
   const cuuint32_t box_row = cuuint32_t(row < 128 ? row : 128);

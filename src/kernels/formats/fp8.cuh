@@ -1,0 +1,54 @@
+// FP8 E4M3 with a per-tensor scale: x = code * scale (metrale/format.hpp;
+// interface in format_policy.cuh).
+#pragma once
+
+#include "kernels/cache/quantize_fast.cuh"
+#include "kernels/formats/format_policy.cuh"
+
+namespace metrale::kernels {
+
+struct Fp8Format : FormatPolicy<KvFormat::fp8_e4m3>, VQuadByPairs<Fp8Format> {
+  using Op = F16Op;
+  __host__ __device__ static constexpr int k_elem(int kk, int r) { return 4 * kk + r; }
+  template <int N>
+  __device__ __forceinline__ static void k_pair(const uint32_t (&w)[N], int kk, uint32_t, uint32_t& b0,
+                                                uint32_t& b1) {
+    e4m3x4_to_f16x2x2(w[kk], b0, b1);
+  }
+  template <int N>
+  __device__ __forceinline__ static void v_pair(const uint32_t (&wa)[N], const uint32_t (&wb)[N], int j, uint32_t,
+                                                uint32_t& r0, uint32_t& r1) {
+    const int k = j % 4;  // byte of the word holding element j
+    const uint32_t sel = uint32_t(k) | uint32_t(k + 4) << 4 | uint32_t(k + 1) << 8 | uint32_t(k + 5) << 12;
+    e4m3x4_to_f16x2x2(byte_perm(wa[j / 4], wb[j / 4], sel), r0, r1);
+  }
+
+  // ---- cache write: 16 elements (two 16-byte loads, one 16-byte store);
+  // code = e4m3_rne_satfinite(x * inv_scale) by the hardware conversion
+  // (quantize_fast.cuh) ----
+  static constexpr int kWriteElems = 16;
+  struct WriteChunk {
+    uint4 v[2];
+  };
+  __device__ static WriteChunk load_chunk(const bf16* src) {
+    const uint4* p = reinterpret_cast<const uint4*>(src);
+    return {{__ldg(p), __ldg(p + 1)}};
+  }
+  __device__ static void store_chunk(const WriteChunk& c, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+                                     int64_t /*data_section*/, float inv_scale) {
+    float x[16];
+    unpack8(c.v[0], x);
+    unpack8(c.v[1], x + 8);
+    // The product is rounded to f32 first, exactly as the reference does.
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      w[i] = cuda::fastq::e4m3x4_rne_satfinite(x[4 * i] * inv_scale, x[4 * i + 1] * inv_scale,
+                                               x[4 * i + 2] * inv_scale, x[4 * i + 3] * inv_scale);
+    *reinterpret_cast<uint4*>(page + row * D + chunk * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  // inv_scale = 1.0f / scale, once, in f32 (SYSTEM.md 2).
+  static float write_param(float scale) { return 1.0f / scale; }
+};
+
+}  // namespace metrale::kernels
