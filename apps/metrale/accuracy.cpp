@@ -65,7 +65,7 @@ AccuracyReport run_accuracy(const AccuracyOptions& opt, Backend& be) {
     row.format = v.format;
     row.calibration = v.calibration;
     if (v.absmax) {
-      row.scales = scales_from_absmax(v.format, v.absmax->k, v.absmax->v);
+      row.scales = kv_scales_from_absmax(v.format, v.absmax->k, v.absmax->v);
       row.clipped = count_clipped(batch, *v.absmax);
     }
     row.kv_bytes_per_token = make_layout(v.format, batch.shape, 1).kv_bytes_per_token();

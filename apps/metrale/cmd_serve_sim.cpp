@@ -15,7 +15,7 @@ namespace {
 
 struct ServeSimOptions {
   ServeSimConfig cfg;
-  std::vector<KvFormat> formats = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
+  std::vector<KvFormat> formats = all_formats();
   int32_t threads = 0;
   bool force_cpu = false;
   OutputFiles out;

@@ -47,7 +47,7 @@ DemoReport run_demo(const DemoOptions& opt) {
   rep.device = gpu ? format("%s, %d SMs", be->device().c_str(), be->decode_target().num_sms) : be->device();
   rep.ceiling_gbps = be->read_ceiling_gbps();
   rep.timed_batch = gpu ? format("%d seqs x %d tokens", timed.num_seqs, timed.seq_len) : "the accuracy batch";
-  for (KvFormat f : kAllFormats) {
+  for (KvFormat f : all_formats()) {
     FormatResult r;
     r.format = f;
     r.kv_bytes_per_token = make_layout(f, batch.shape, 1).kv_bytes_per_token();

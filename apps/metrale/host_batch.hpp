@@ -13,6 +13,7 @@
 
 #include "metrale/cache.hpp"
 #include "metrale/codec.hpp"
+#include "metrale/format.hpp"
 #include "metrale/ops.hpp"
 #include "metrale/plan.hpp"
 #include "testing/reference.hpp"
@@ -83,14 +84,16 @@ HostBatch make_batch(const LayerShape& shape, int32_t num_seqs, int32_t max_len,
 // reference (testing/reference.hpp): what each format costs in accuracy.
 test::KvRows bf16_rows(const HostBatch& batch);
 
-constexpr KvFormat kAllFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
+// Every format of the table (metrale/format.hpp), in its order.
+inline std::vector<KvFormat> all_formats() {
+  std::vector<KvFormat> f;
+  for (const KvFormatDesc& d : kKvFormats) f.push_back(d.format);
+  return f;
+}
 
 // Dense layout of `format` with `num_blocks` pages.
 KvCacheLayout make_layout(KvFormat format, const LayerShape& shape, int64_t num_blocks);
 
-// fp8: k/v_scale = absmax / 448; nvfp4: k/v_global_scale = absmax / (448 * 6);
-// bf16: the defaults (unused).
-KvScales scales_from_absmax(KvFormat format, float k_absmax, float v_absmax);
 
 // The scales calibrated on the batch's own K and V rows (absmax is exact, so
 // computing it on the host gives what either backend's absmax gives).

@@ -80,7 +80,7 @@ KvScales calibrate(const ServeSimConfig& cfg, KvFormat format) {
   float ka = 0.0f, va = 0.0f;
   cpu::bf16_absmax(k.data(), n, row, row, &ka);
   cpu::bf16_absmax(v.data(), n, row, row, &va);
-  return scales_from_absmax(format, ka, va);
+  return kv_scales_from_absmax(format, ka, va);
 }
 
 // The KV caches of a run (one K and V cache per layer, all layers sharing the

@@ -1,6 +1,8 @@
 // Options and output shared by the subcommands (see subcommands.hpp).
 #include "subcommands.hpp"
 
+#include "metrale/format.hpp"
+
 #include <fstream>
 #include <map>
 #include <stdexcept>
@@ -45,18 +47,19 @@ void OutputFiles::write(const nlohmann::json& j, const std::vector<std::string>&
 }
 
 void add_formats_option(CLI::App* sub, std::vector<KvFormat>* formats) {
-  static const std::map<std::string, KvFormat> names = {
-      {"bf16", KvFormat::bf16}, {"fp8", KvFormat::fp8_e4m3}, {"nvfp4", KvFormat::nvfp4}};
+  std::vector<std::string> names, all;
+  for (const KvFormatDesc& d : kKvFormats) names.push_back(d.name);
+  for (const std::string& n : names) all.push_back(all.empty() ? n : all.back() + "," + n);
   sub->add_option_function<std::vector<std::string>>(
          "--formats",
          [formats](const std::vector<std::string>& v) {
            formats->clear();
-           for (const std::string& s : v) formats->push_back(names.at(s));  // IsMember checked the names
+           for (const std::string& s : v) formats->push_back(kv_format_from_string(s));  // IsMember checked
          },
-         "KV formats to run (comma list of bf16, fp8, nvfp4)")
+         "KV formats to run (comma list of " + kv_format_names() + ")")
       ->delimiter(',')
-      ->check(CLI::IsMember({"bf16", "fp8", "nvfp4"}))
-      ->default_str("bf16,fp8,nvfp4");
+      ->check(CLI::IsMember(names))
+      ->default_str(all.back());
 }
 
 }  // namespace metrale::cli

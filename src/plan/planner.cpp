@@ -18,6 +18,7 @@
 #include <string>
 
 #include "metrale/error.hpp"
+#include "metrale/format.hpp"
 #include "metrale/plan.hpp"
 #include "plan/decode_geometry.hpp"
 #include "plan/planner.hpp"
@@ -120,9 +121,10 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
     }
   }
 
-  // Load path: TMA for the unscaled formats wherever the target encodes
-  // tensor maps (the NVFP4 kernel is instruction-bound: docs/decisions.md).
-  const bool tma_ok = target.tma && p.layout.format != KvFormat::nvfp4;
+  // Load path: TMA for the formats without a scale section wherever the
+  // target encodes tensor maps (the TMA ring carries no scale rows; the
+  // NVFP4 kernel is instruction-bound: docs/decisions.md).
+  const bool tma_ok = target.tma && kv_format_desc(p.layout.format).group_size == 0;
   switch (opt.load_path) {
     case DecodeLoadPath::automatic:
     case DecodeLoadPath::tma:
