@@ -337,10 +337,10 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
 #pragma unroll
     for (int w = 0; w < Cfg::kWarps; ++w) {
       ws[w] = {m_buf[w * kCols + col], l_buf[w * kCols + col]};
-      mg.see(ws[w]);
+      mg.see_max(ws[w]);  // a NaN logit's l spreads through the sums below
       MT = fmaxf(MT, mt_buf[w * kCols + col]);
     }
-    mg.nan = mg.nan || bad;
+    mg.nan = bad;
     // wt[w] scales warp w's O^T to the merged state; L = sum of the weights.
     float wt[Cfg::kWarps];
 #pragma unroll
@@ -348,7 +348,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
     static_assert(Cfg::kWarps == 4, "the sum of L below");
     const float L = (ws[0].l * wt[0] + ws[1].l * wt[1]) + (ws[2].l * wt[2] + ws[3].l * wt[3]);
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) wt[w] = mg.sums() ? wt[w] / mg.denominator(L) : 0.0f;
+    // L = 0: nothing attended, output 0. A NaN L (some warp's l) makes every
+    // weight NaN, also where no warp attended a finite logit (M = -inf).
+    for (int w = 0; w < Cfg::kWarps; ++w) wt[w] = L == 0.0f ? 0.0f : wt[w] / mg.denominator(L);
     const int64_t qh = int64_t(head0 + col);
     // The split's record (cluster merge: in shared memory), or none: the output.
     float* rec = nullptr;
