@@ -136,7 +136,8 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   }
 
   // Merge.
-  const bool clusterable = plan.num_splits >= 2 && plan.num_splits <= kMaxClusterSplits && target.resident_clusters;
+  const bool clusterable = plan.num_splits >= 2 && plan.num_splits <= kMaxClusterSplits && target.resident_clusters &&
+                           (opt.merge == DecodeMerge::automatic || opt.merge == DecodeMerge::cluster);
   const int64_t resident = clusterable ? target.resident_clusters(plan.kernel(), plan.num_splits) : 0;
   switch (opt.merge) {
     case DecodeMerge::automatic:
