@@ -38,4 +38,12 @@ void paged_decode_attn(const DecodeArgs& args);
 void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws);
 void paged_decode_attn_reduce(const ReduceArgs& args);
 
+// Query runs (SYSTEM.md 8; decode is the run of one row): as run_decode
+// with a plan of decode_problem(args), and the forced single pass and
+// split-K pass (records per query row, q head, split; reduce with
+// reduce_args_for(args, ws), which applies the sinks and writes lse).
+void run_attn(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws);
+void paged_attn(const PagedAttnArgs& args);
+void paged_attn_splitk(const PagedAttnArgs& args, const SplitKWorkspace& ws);
+
 }  // namespace metrale::cpu

@@ -43,7 +43,70 @@ struct DecodeArgs {
   int32_t sliding_window = 0;            // 0 = off
   float sm_scale = 0.0f;                 // multiplies the logits (1/sqrt(D) usually)
   bf16* out = nullptr;                   // [num_seqs, num_q_heads, D], contiguous
+  // Attention sinks and logit soft-capping (SYSTEM.md 8), as PagedAttnArgs.
+  const float* sinks = nullptr;
+  float softcap = 0.0f;
 };
+
+// Attention of query runs over the paged cache (SYSTEM.md 8): speculative
+// verification, a chunk of a chunked prefill, a prompt. Sequence i's query
+// run is rows q_start[i] .. q_start[i+1] of q (n_i rows, n_i <= seq_lens[i];
+// their K/V already written into the cache, seq_lens counting them); row j
+// sits at position p = L_i - n_i + j and attends to positions
+// [max(0, p + 1 - W), p] (causal, aligned to the end of the cache, window W
+// per query). With q_start null every sequence has one row: decode.
+struct PagedAttnArgs {
+  const bf16* q = nullptr;               // [num_q_rows, q_stride], head h at h*D; 16-byte aligned
+  int64_t q_stride = 0;                  // elements, >= num_q_heads*D, multiple of 8
+  const int32_t* q_start = nullptr;      // [num_seqs + 1], non-decreasing, q_start[0] = 0, q_start[num_seqs] = num_q_rows
+  int32_t num_seqs = 0;
+  int32_t num_q_rows = 0;                // rows of q, out and lse (num_seqs when q_start is null)
+  int32_t num_q_heads = 0;
+  KvCacheView cache;
+  const int32_t* block_tables = nullptr; // [num_seqs, max_blocks_per_seq] page ids
+  int32_t max_blocks_per_seq = 0;
+  const int32_t* seq_lens = nullptr;     // [num_seqs], n_i <= L <= max_blocks_per_seq * block_size
+  int32_t sliding_window = 0;            // 0 = off
+  float sm_scale = 0.0f;                 // multiplies the logits (1/sqrt(D) usually)
+  // Optional: one f32 sink logit per q head, joining the softmax
+  // denominator only, at the final normalisation (-inf: none; NaN rejected).
+  const float* sinks = nullptr;          // [num_q_heads]
+  float softcap = 0.0f;                  // c > 0: each logit s becomes c * tanh(s / c); 0 = off
+  bf16* out = nullptr;                   // [num_q_rows, num_q_heads, D], contiguous
+  float* lse = nullptr;                  // optional [num_q_rows, num_q_heads]: m + ln(l) of the attended
+                                         // positions (without the sink), -inf where none
+};
+
+// A decode call as query runs of one row each.
+inline PagedAttnArgs attn_args(const DecodeArgs& d) {
+  PagedAttnArgs a;
+  a.q = d.q;
+  a.q_stride = d.q_stride;
+  a.num_seqs = d.num_seqs;
+  a.num_q_rows = d.num_seqs;
+  a.num_q_heads = d.num_q_heads;
+  a.cache = d.cache;
+  a.block_tables = d.block_tables;
+  a.max_blocks_per_seq = d.max_blocks_per_seq;
+  a.seq_lens = d.seq_lens;
+  a.sliding_window = d.sliding_window;
+  a.sm_scale = d.sm_scale;
+  a.sinks = d.sinks;
+  a.softcap = d.softcap;
+  a.out = d.out;
+  return a;
+}
+
+// Query row j of a run of n rows over a sequence of length L: its position
+// and the positions it attends, [begin, end).
+struct QueryRange {
+  int32_t begin, end;
+};
+METRALE_HD QueryRange query_range(int32_t seq_len, int32_t run_len, int32_t j, int32_t sliding_window) {
+  const int32_t end = seq_len - run_len + j + 1;
+  const int32_t begin = sliding_window > 0 && end > sliding_window ? end - sliding_window : 0;
+  return QueryRange{begin, end};
+}
 
 // Split-K state (SYSTEM.md 4): f32 records of D + 2 floats, record index
 // (seq*num_q_heads + h)*num_splits + split: the split's normalised partial
@@ -81,24 +144,31 @@ METRALE_HD PageRange attended_pages(int32_t seq_len, int32_t sliding_window, int
 struct ReduceArgs {
   const float* workspace = nullptr;
   size_t workspace_bytes = 0;
-  int32_t num_seqs = 0;
+  int32_t num_seqs = 0;                  // rows: sequences of a decode, query rows of PagedAttnArgs
   int32_t num_q_heads = 0;
   int32_t head_dim = 0;
   int32_t num_splits = 0;
   bf16* out = nullptr;                   // [num_seqs, num_q_heads, head_dim]
+  const float* sinks = nullptr;          // optional [num_q_heads], applied at the final normalisation
+  float* lse = nullptr;                  // optional [num_seqs, num_q_heads]: M + ln(L) of the merged state
 };
 
-// The reduce that merges the split-K pass `ws` of `args` into args.out.
-inline ReduceArgs reduce_args_for(const DecodeArgs& args, const SplitKWorkspace& ws) {
+// The reduce that merges the split-K pass `ws` of `args` into args.out (and args.lse).
+inline ReduceArgs reduce_args_for(const PagedAttnArgs& args, const SplitKWorkspace& ws) {
   ReduceArgs r;
   r.workspace = ws.data;
   r.workspace_bytes = ws.bytes;
-  r.num_seqs = args.num_seqs;
+  r.num_seqs = args.num_q_rows;
   r.num_q_heads = args.num_q_heads;
   r.head_dim = args.cache.layout.head_dim;
   r.num_splits = ws.num_splits;
   r.out = args.out;
+  r.sinks = args.sinks;
+  r.lse = args.lse;
   return r;
+}
+inline ReduceArgs reduce_args_for(const DecodeArgs& args, const SplitKWorkspace& ws) {
+  return reduce_args_for(attn_args(args), ws);
 }
 
 // Largest num_splits a split-K launch accepts.

@@ -26,11 +26,21 @@ struct DecodeProblem {
   KvCacheLayout layout;        // format, heads, head_dim, block_size
   int32_t max_seq_len = 0;     // longest sequence of the batch (an upper bound is fine)
   int32_t sliding_window = 0;  // 0 = off
+  // Query runs (SYSTEM.md 8): the longest run and the rows of all runs (upper
+  // bounds are fine). 1 and 0 (= num_seqs): decode.
+  int32_t max_q_len = 1;
+  int32_t num_q_rows = 0;
 };
 
+// The query rows a problem's plan is made for (num_q_rows, or num_seqs).
+inline int32_t decode_problem_rows(const DecodeProblem& p) { return p.num_q_rows > 0 ? p.num_q_rows : p.num_seqs; }
+
 // The problem of a call's arguments. `max_seq_len` < 0: the block table's
-// capacity (max_blocks_per_seq * block_size), an upper bound of every length.
+// capacity (max_blocks_per_seq * block_size), an upper bound of every length;
+// `max_q_len` <= 0 for query runs: that capacity too (runs are never longer
+// than their sequence).
 DecodeProblem decode_problem(const DecodeArgs& args, int32_t max_seq_len = -1);
+DecodeProblem decode_problem(const PagedAttnArgs& args, int32_t max_seq_len = -1, int32_t max_q_len = -1);
 
 // How a CTA brings K/V tiles to its registers: straight from global memory,
 // or through TMA copies into a shared-memory ring (bf16 and fp8 only).

@@ -78,6 +78,9 @@ template <class Units = Ln>
 struct Merge {
   float M = -INFINITY;
   bool nan = false;
+  // An attention sink's logit (SYSTEM.md 8; same units as m): it joins the
+  // denominator of the final normalisation only. -inf: none.
+  float sink = -INFINITY;
 
   METRALE_HD void see(State<Units> s) {
     nan = nan || s.is_nan();
@@ -93,9 +96,13 @@ struct Merge {
   METRALE_HD bool sums() const { return !nan && M != -INFINITY; }
   // The merged state, (M, L) for the sum L of the weights.
   METRALE_HD State<Units> merged(float L) const { return nan ? State<Units>::nan() : State<Units>{M, L}; }
-  // What the weighted sum is divided by. Attention sinks (SYSTEM.md 8) join
-  // the softmax denominator here, once, at the final normalisation.
-  METRALE_HD float denominator(float L) const { return L; }
+  // What the weighted sum is divided by: L, plus the sink's weight e^(sink - M)
+  // (once, at the final normalisation; a sink far above M gives an infinite
+  // denominator, i.e. an output of 0, its limit).
+  METRALE_HD float denominator(float L) const { return sink == -INFINITY ? L : L + Units::exp(sink - M); }
+  // ln-sum-exp of the merged state, M + ln(L) (natural-log units; without
+  // the sink): -inf when empty, NaN when NaN.
+  METRALE_HD float lse(float L) const { return nan ? NAN : (M == -INFINITY ? -INFINITY : M + logf(L)); }
   // One output element from its weighted sum `acc`: NaN, 0 (all empty) or acc / denominator.
   METRALE_HD float finalize(float acc, float L) const {
     return nan ? NAN : (M == -INFINITY ? 0.0f : acc / denominator(L));

@@ -26,7 +26,7 @@ inline void axpy(float p, const float* __restrict x, float* __restrict y, int32_
 
 }  // namespace
 
-DecodeContext::DecodeContext(const DecodeArgs& args)
+DecodeContext::DecodeContext(const PagedAttnArgs& args)
     : a(args),
       num_kv_heads(args.cache.layout.num_kv_heads),
       head_dim(args.cache.layout.head_dim),
@@ -35,14 +35,26 @@ DecodeContext::DecodeContext(const DecodeArgs& args)
       k_logit_scale(args.sm_scale * kv_format_desc(args.cache.layout.format).k_scale(args.cache.scales)),
       v_out_scale(kv_format_desc(args.cache.layout.format).v_scale(args.cache.scales)) {}
 
-DecodeContext::SeqRange DecodeContext::seq_range(int32_t seq) const {
-  const int32_t len = std::max(a.seq_lens[seq], 0);
-  PageRange pages = attended_pages(len, a.sliding_window, block_size);
-  pages.end = std::min(pages.end, a.max_blocks_per_seq);
-  pages.first = std::min(pages.first, pages.end);
-  const int32_t pos_end = int32_t(std::min<int64_t>(len, int64_t(pages.end) * block_size));
-  const int32_t pos_begin = std::min(window_start(len, a.sliding_window), pos_end);
-  return SeqRange{pages, pos_begin, pos_end};
+int32_t DecodeContext::seq_len(int32_t seq) const {
+  return int32_t(std::min<int64_t>(std::max(a.seq_lens[seq], 0), int64_t(a.max_blocks_per_seq) * block_size));
+}
+
+int32_t DecodeContext::run_len(int32_t seq) const {
+  if (a.q_start == nullptr) return 1;
+  return std::clamp(a.q_start[seq + 1] - a.q_start[seq], 0, seq_len(seq));
+}
+
+DecodeContext::SeqRange DecodeContext::query(int32_t seq, int32_t j) const {
+  const int32_t len = seq_len(seq);
+  const QueryRange q = query_range(len, std::max(run_len(seq), 1), j, a.sliding_window);
+  const int32_t pos_end = std::max(q.end, 0);
+  const int32_t pos_begin = std::min(q.begin, pos_end);
+  return SeqRange{PageRange{pos_begin / block_size, (pos_end + block_size - 1) / block_size}, pos_begin, pos_end};
+}
+
+PageRange DecodeContext::run_pages(int32_t seq) const {
+  const PageRange first = query(seq, 0).pages, last = query(seq, std::max(run_len(seq), 1) - 1).pages;
+  return PageRange{first.first, last.end};
 }
 
 void GroupState::reset(int32_t group, int32_t head_dim, int32_t block_size) {
@@ -56,9 +68,10 @@ void GroupState::reset(int32_t group, int32_t head_dim, int32_t block_size) {
   p.resize(size_t(group) * block_size);
 }
 
-void load_group(const DecodeContext& c, int32_t seq, int32_t kv_head, GroupState& st) {
+void load_group(const DecodeContext& c, int32_t row, int32_t kv_head, GroupState& st) {
   st.reset(c.group, c.head_dim, c.block_size);
-  const bf16* q = c.a.q + int64_t(seq) * c.a.q_stride + int64_t(kv_head) * c.group * c.head_dim;
+  st.softcap = c.a.softcap;
+  const bf16* q = c.a.q + int64_t(row) * c.a.q_stride + int64_t(kv_head) * c.group * c.head_dim;
   for (int64_t i = 0; i < int64_t(c.group) * c.head_dim; ++i) st.q[i] = codec::bf16_to_float(q[i]) * c.k_logit_scale;
 }
 
@@ -96,6 +109,12 @@ void attend_pages(const DecodeContext& c, int32_t seq, int32_t kv_head, PageRang
       dequant_row(fmt, kpage, layout, int64_t(t) * H + kv_head, tab, st.k.data());
       for (int32_t g = 0; g < G; ++g) st.p[size_t(g) * B + (t - t0)] = dot(&st.q[size_t(g) * D], st.k.data(), D);
     }
+    if (st.softcap > 0.0f)
+      for (int32_t g = 0; g < G; ++g)
+        for (int32_t i = 0; i < nt; ++i) {
+          float& x = st.p[size_t(g) * B + i];
+          x = st.softcap * std::tanh(x / st.softcap);
+        }
     // Online softmax, rescaling once per page. max() would drop a NaN logit,
     // so NaN is tracked explicitly and poisons the head's result.
     for (int32_t g = 0; g < G; ++g) {

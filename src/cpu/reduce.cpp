@@ -23,9 +23,11 @@ void detail::reduce_splits(const ReduceArgs& a) {
       const float* r = a.workspace + softmax::record_index(item, S, 0) * rec;
       bf16* out = a.out + item * D;
       softmax::Merge<> mg;
+      if (a.sinks) mg.sink = a.sinks[item % a.num_q_heads];
       for (int32_t s = 0; s < S; ++s) mg.see(softmax::load_state(r + s * rec, D));
       if (!mg.sums()) {  // NaN, or every split empty: no sums
         std::fill(out, out + D, codec::float_to_bf16(mg.finalize(0.0f, 0.0f)));
+        if (a.lse) a.lse[item] = mg.lse(0.0f);
         continue;
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
@@ -41,6 +43,7 @@ void detail::reduce_splits(const ReduceArgs& a) {
       // One reciprocal per row (the CUDA reduce divides each element): the
       // CPU backend's results are pinned bit for bit by its tests.
       const float inv = 1.0f / mg.denominator(wsum);
+      if (a.lse) a.lse[item] = mg.lse(wsum);
       for (int32_t d = 0; d < D; ++d) out[d] = codec::float_to_bf16(acc[d] * inv);
     }
   });

@@ -50,14 +50,19 @@ void validate_cache_write(const CacheWriteArgs& a) {
                     ">= num_kv_heads*head_dim = " + std::to_string(row) + " and a multiple of 8 elements");
 }
 
-void validate_decode(const DecodeArgs& a, bool writes_out) {
+void validate_attn(const PagedAttnArgs& a, bool writes_out) {
   METRALE_CHECK_ARG(a.num_seqs >= 0, "num_seqs", a.num_seqs, ">= 0");
+  METRALE_CHECK_ARG(a.q_start != nullptr || a.num_q_rows == a.num_seqs, "num_q_rows", a.num_q_rows,
+                    "num_seqs = " + std::to_string(a.num_seqs) + " without q_start (one row per sequence)");
+  METRALE_CHECK_ARG(a.num_q_rows >= 0, "num_q_rows", a.num_q_rows, ">= 0");
   validate_cache_view(a.cache);
   const int32_t hkv = a.cache.layout.num_kv_heads, d = a.cache.layout.head_dim;
   METRALE_CHECK_ARG(a.num_q_heads > 0 && a.num_q_heads % hkv == 0, "num_q_heads", a.num_q_heads,
                     "a positive multiple of num_kv_heads = " + std::to_string(hkv));
   METRALE_CHECK_ARG(a.sliding_window >= 0, "sliding_window", a.sliding_window, ">= 0 (0 = off)");
   METRALE_CHECK_ARG(std::isfinite(a.sm_scale), "sm_scale", a.sm_scale, "a finite f32");
+  METRALE_CHECK_ARG(std::isfinite(a.softcap) && a.softcap >= 0.0f, "softcap", a.softcap,
+                    "a finite f32 >= 0 (0 = off)");
   METRALE_CHECK_ARG(a.max_blocks_per_seq > 0, "max_blocks_per_seq", a.max_blocks_per_seq, "> 0");
   if (a.num_seqs == 0) return;
   check_ptr(a.q, "q", true);
@@ -69,12 +74,34 @@ void validate_decode(const DecodeArgs& a, bool writes_out) {
                         " and a multiple of 8 elements");
 }
 
-void validate_workspace(const DecodeArgs& a, const SplitKWorkspace& ws) {
+void validate_decode(const DecodeArgs& a, bool writes_out) { validate_attn(attn_args(a), writes_out); }
+
+void validate_query_runs(const PagedAttnArgs& a) {
+  if (a.sinks)
+    for (int32_t h = 0; h < a.num_q_heads; ++h)
+      if (std::isnan(a.sinks[h])) throw_invalid("sinks", "sinks[" + std::to_string(h) + "] = NaN", "a logit or -inf");
+  if (a.q_start == nullptr || a.num_seqs == 0) return;
+  METRALE_CHECK_ARG(a.q_start[0] == 0, "q_start", "q_start[0] = " + std::to_string(a.q_start[0]), "0");
+  for (int32_t i = 0; i < a.num_seqs; ++i) {
+    const int32_t n = a.q_start[i + 1] - a.q_start[i];
+    if (n < 0)
+      throw_invalid("q_start", "q_start[" + std::to_string(i + 1) + "] = " + std::to_string(a.q_start[i + 1]),
+                    "non-decreasing (>= q_start[" + std::to_string(i) + "] = " + std::to_string(a.q_start[i]) + ")");
+    if (n > a.seq_lens[i])
+      throw_invalid("q_start", "a run of " + std::to_string(n) + " rows for sequence " + std::to_string(i),
+                    "at most seq_lens[" + std::to_string(i) + "] = " + std::to_string(a.seq_lens[i]) + " rows");
+  }
+  METRALE_CHECK_ARG(a.q_start[a.num_seqs] == a.num_q_rows, "q_start",
+                    "q_start[num_seqs] = " + std::to_string(a.q_start[a.num_seqs]),
+                    "num_q_rows = " + std::to_string(a.num_q_rows));
+}
+
+void validate_workspace(const PagedAttnArgs& a, const SplitKWorkspace& ws) {
   METRALE_CHECK_ARG(ws.num_splits >= 1 && ws.num_splits <= kMaxSplits, "num_splits", ws.num_splits,
                     "1.." + std::to_string(kMaxSplits));
   if (a.num_seqs == 0) return;
   check_ptr(ws.data, "workspace", true);
-  const size_t need = splitk_workspace_bytes(a.num_seqs, a.num_q_heads, a.cache.layout.head_dim, ws.num_splits);
+  const size_t need = splitk_workspace_bytes(a.num_q_rows, a.num_q_heads, a.cache.layout.head_dim, ws.num_splits);
   METRALE_CHECK_ARG(ws.bytes >= need, "workspace_bytes", ws.bytes, ">= " + std::to_string(need));
 }
 
@@ -93,8 +120,8 @@ void validate_reduce(const ReduceArgs& a) {
   METRALE_CHECK_ARG(a.workspace_bytes >= need, "workspace_bytes", a.workspace_bytes, ">= " + std::to_string(need));
 }
 
-void validate_run(const DecodePlan& plan, const DecodeArgs& a, const SplitKWorkspace& ws) {
-  validate_decode(a);
+void validate_run(const DecodePlan& plan, const PagedAttnArgs& a, const SplitKWorkspace& ws) {
+  validate_attn(a);
   METRALE_CHECK_ARG(plan.num_splits >= 1 && plan.num_splits <= kMaxSplits, "plan.num_splits", plan.num_splits,
                     "1.." + std::to_string(kMaxSplits));
   const KvCacheLayout &P = plan.problem.layout, &L = a.cache.layout;
@@ -110,9 +137,12 @@ void validate_run(const DecodePlan& plan, const DecodeArgs& a, const SplitKWorks
                     "the plan's num_q_heads = " + std::to_string(plan.problem.num_q_heads));
   METRALE_CHECK_ARG(a.num_seqs <= plan.problem.num_seqs, "num_seqs", a.num_seqs,
                     "<= the plan's num_seqs = " + std::to_string(plan.problem.num_seqs));
+  const int32_t plan_rows = decode_problem_rows(plan.problem);
+  METRALE_CHECK_ARG(a.num_q_rows <= plan_rows, "num_q_rows", a.num_q_rows,
+                    "<= the plan's query rows = " + std::to_string(plan_rows));
   if (plan.merge != DecodeMerge::workspace || a.num_seqs == 0) return;
   check_ptr(ws.data, "workspace", true);
-  const size_t need = splitk_workspace_bytes(a.num_seqs, a.num_q_heads, L.head_dim, plan.num_splits);
+  const size_t need = splitk_workspace_bytes(a.num_q_rows, a.num_q_heads, L.head_dim, plan.num_splits);
   METRALE_CHECK_ARG(ws.bytes >= need, "workspace_bytes", ws.bytes, ">= " + std::to_string(need));
   METRALE_CHECK_ARG(ws.num_splits == plan.num_splits, "workspace.num_splits", ws.num_splits,
                     "the plan's num_splits = " + std::to_string(plan.num_splits));

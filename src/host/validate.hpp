@@ -13,13 +13,19 @@ void validate_cache_view(const KvCacheView& cache);
 void validate_cache_write(const CacheWriteArgs& args);
 // `writes_out`: false for the split-K pass, which writes the workspace only
 // (args.out may then be null).
+void validate_attn(const PagedAttnArgs& args, bool writes_out = true);
 void validate_decode(const DecodeArgs& args, bool writes_out = true);
-void validate_workspace(const DecodeArgs& args, const SplitKWorkspace& ws);
+// The values behind q_start, seq_lens and sinks (host memory: the CPU
+// backend, and the debug validator for the CUDA one): q_start[0] = 0,
+// non-decreasing, q_start[num_seqs] = num_q_rows, every run no longer than
+// its sequence, no NaN sink.
+void validate_query_runs(const PagedAttnArgs& args);
+void validate_workspace(const PagedAttnArgs& args, const SplitKWorkspace& ws);
 void validate_reduce(const ReduceArgs& args);
 // run_decode's arguments: `args` as validate_decode, the plan made for
 // their heads and layout and at least their num_seqs, and, where the plan
 // merges through the workspace, `ws` laid out for the plan's num_splits.
-void validate_run(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws);
+void validate_run(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws);
 // A context-parallel rank's decode arguments against its layout (both
 // backends' cp_rank_states; implemented with the sharding, shard.cpp).
 void validate_cp_rank_args(const cp::CpLayout& L, const DecodeArgs& a);

@@ -50,16 +50,22 @@ const char* to_string(DecodeMerge m) {
   return "unknown";
 }
 
-DecodeProblem decode_problem(const DecodeArgs& a, int32_t max_seq_len) {
+DecodeProblem decode_problem(const PagedAttnArgs& a, int32_t max_seq_len, int32_t max_q_len) {
+  const int32_t capacity =
+      int32_t(std::min<int64_t>(int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size, INT32_MAX));
   DecodeProblem p;
   p.num_seqs = a.num_seqs;
   p.num_q_heads = a.num_q_heads;
   p.layout = a.cache.layout;
-  p.max_seq_len = max_seq_len >= 0 ? max_seq_len
-                                   : int32_t(std::min<int64_t>(int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size,
-                                                               INT32_MAX));
+  p.max_seq_len = max_seq_len >= 0 ? max_seq_len : capacity;
   p.sliding_window = a.sliding_window;
+  p.max_q_len = a.q_start == nullptr ? 1 : (max_q_len > 0 ? max_q_len : std::max(capacity, 1));
+  p.num_q_rows = a.num_q_rows;
   return p;
+}
+
+DecodeProblem decode_problem(const DecodeArgs& a, int32_t max_seq_len) {
+  return decode_problem(attn_args(a), max_seq_len);
 }
 
 DecodeKernelId DecodePlan::kernel() const {
@@ -74,6 +80,8 @@ DecodePlan plan_decode(const DecodeProblem& p, const DecodeTarget& target, const
                     "a positive multiple of num_kv_heads = " + std::to_string(p.layout.num_kv_heads));
   METRALE_CHECK_ARG(p.max_seq_len >= 0, "max_seq_len", p.max_seq_len, ">= 0");
   METRALE_CHECK_ARG(p.sliding_window >= 0, "sliding_window", p.sliding_window, ">= 0");
+  METRALE_CHECK_ARG(p.max_q_len >= 1, "max_q_len", p.max_q_len, ">= 1");
+  METRALE_CHECK_ARG(p.num_q_rows >= 0, "num_q_rows", p.num_q_rows, ">= 0 (0: one row per sequence)");
   return detail::decide_decode_plan(p, target, options);
 }
 
@@ -90,19 +98,23 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   // Pairing of kv heads (decode_geometry.hpp).
   switch (opt.pairing) {
     case DecodePairing::automatic:
-      plan.pair_kv_heads = decode_pairs_kv_heads(D, H, group, p.num_seqs, target.num_sms);
+      plan.pair_kv_heads = p.max_q_len == 1 && decode_pairs_kv_heads(D, H, group, p.num_seqs, target.num_sms);
       break;
     case DecodePairing::off: plan.pair_kv_heads = false; break;
     case DecodePairing::on:
-      if (!decode_can_pair_kv_heads(D, H, group))
+      if (!decode_can_pair_kv_heads(D, H, group) || p.max_q_len != 1)
         detail::throw_unsupported("pairing", "on",
-                                  "head_dim 64, an even num_kv_heads and at most 4 q heads per kv head");
+                                  "decode (runs of one row) at head_dim 64, an even num_kv_heads and at most 4 q "
+                                  "heads per kv head");
       plan.pair_kv_heads = true;
       break;
   }
   plan.kv_units = plan.pair_kv_heads ? H / 2 : H;
   plan.unit_group = plan.pair_kv_heads ? 2 * group : group;
-  plan.head_tiles = (plan.unit_group + kDecodeQHeadsPerCta - 1) / kDecodeQHeadsPerCta;
+  // A CTA's columns are (query row, q head) pairs of its kv unit: a run of n
+  // rows fills ceil(n * unit_group / 8) tiles.
+  const int64_t columns = int64_t(p.max_q_len) * plan.unit_group;
+  plan.head_tiles = int32_t((columns + kDecodeQHeadsPerCta - 1) / kDecodeQHeadsPerCta);
   plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
   const int64_t base_ctas = plan.grid_x(p.num_seqs);
 
@@ -158,7 +170,7 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
     case DecodeMerge::workspace: plan.merge = DecodeMerge::workspace; break;
   }
   if (plan.merge == DecodeMerge::workspace)
-    plan.workspace_bytes = splitk_workspace_bytes(p.num_seqs, p.num_q_heads, D, plan.num_splits);
+    plan.workspace_bytes = splitk_workspace_bytes(decode_problem_rows(p), p.num_q_heads, D, plan.num_splits);
   return plan;
 }
 

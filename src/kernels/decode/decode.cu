@@ -49,9 +49,15 @@ int32_t num_sms(int32_t dev) {
 // What this backend adds to validate_decode, before any CUDA call: the
 // kernel addresses bytes inside a page with 32-bit offsets (the NVFP4 scale
 // section starts data_section_bytes in, which the layout leaves open).
-void validate_addressable(const KvCacheLayout& L) {
+// Sinks and soft-capping (SYSTEM.md 8) are the CPU backend's so far: the
+// CUDA decode refuses them rather than ignoring them.
+void validate_addressable(const DecodeArgs& a) {
+  const KvCacheLayout& L = a.cache.layout;
   METRALE_CHECK_ARG(L.data_section_bytes < (int64_t(1) << 30), "layout.data_section_bytes", L.data_section_bytes,
                     "< 2^30 on the CUDA backend (32-bit offsets inside a page)");
+  if (a.sinks != nullptr) detail::throw_unsupported("sinks", "set", "none on the CUDA backend (the CPU backend has them)");
+  if (a.softcap != 0.0f)
+    detail::throw_unsupported("softcap", a.softcap, "0 on the CUDA backend (the CPU backend has soft-capping)");
 }
 
 // The plan's arguments for the kernel: validated `a` (and, for the
@@ -129,7 +135,7 @@ DecodeTarget decode_target() {
 
 void paged_decode_attn(const DecodeArgs& args, Stream stream) {
   detail::validate_decode(args);
-  validate_addressable(args.cache.layout);
+  validate_addressable(args);
   if (args.num_seqs == 0) return;
   DecodePlanOptions single;
   single.num_splits = 1;
@@ -138,8 +144,8 @@ void paged_decode_attn(const DecodeArgs& args, Stream stream) {
 
 void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
   detail::validate_decode(args, /*writes_out=*/false);
-  detail::validate_workspace(args, ws);
-  validate_addressable(args.cache.layout);
+  detail::validate_workspace(attn_args(args), ws);
+  validate_addressable(args);
   if (args.num_seqs == 0) return;
   DecodePlanOptions split;
   split.num_splits = ws.num_splits;
@@ -148,8 +154,10 @@ void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws,
 }
 
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
-  detail::validate_run(plan, args, ws);  // everything, `out` included, before any launch
-  validate_addressable(args.cache.layout);
+  detail::validate_run(plan, attn_args(args), ws);  // everything, `out` included, before any launch
+  validate_addressable(args);
+  METRALE_CHECK_ARG(plan.problem.max_q_len == 1, "plan.max_q_len", plan.problem.max_q_len,
+                    "1 on the CUDA backend (query runs are the CPU backend's so far)");
   if (args.num_seqs == 0) return;
   launch_plan(plan, args, ws.data, stream);
   if (plan.merge == DecodeMerge::workspace) kernels::launch_splitk_reduce(reduce_args_for(args, ws), stream);
