@@ -109,6 +109,77 @@ std::vector<double> attention_f64(const DecodeArgs& a, const KvRows& rows) {
 
 std::vector<double> reference_decode(const DecodeArgs& a) { return attention_f64(a, cache_rows(a)); }
 
+KvRows cache_rows(const PagedAttnArgs& a) {
+  DecodeArgs d;
+  d.cache = a.cache;
+  d.block_tables = a.block_tables;
+  d.max_blocks_per_seq = a.max_blocks_per_seq;
+  return cache_rows(d);
+}
+
+std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& rows, std::vector<double>* lse) {
+  const int32_t Hq = a.num_q_heads, H = a.cache.layout.num_kv_heads, D = a.cache.layout.head_dim;
+  const int32_t group = Hq / H;
+  const double ninf = -std::numeric_limits<double>::infinity();
+  std::vector<double> out(size_t(a.num_q_rows) * Hq * D, 0.0);
+  if (lse) lse->assign(size_t(a.num_q_rows) * Hq, ninf);
+  auto one_seq = [&](int32_t s) {
+    const int32_t L = a.seq_lens[s];
+    const int32_t r0 = a.q_start ? a.q_start[s] : s, n = a.q_start ? a.q_start[s + 1] - r0 : 1;
+    if (L < 0 || n > std::max(L, 1) || int64_t(L) > int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size)
+      throw std::invalid_argument("attention_runs_f64: sequence " + std::to_string(s) + " does not fit its row");
+    std::vector<double> k(size_t(L) * D), v(size_t(L) * D);
+    for (int32_t kvh = 0; kvh < H; ++kvh) {
+      for (int32_t t = 0; t < L; ++t) rows(s, t, kvh, &k[size_t(t) * D], &v[size_t(t) * D]);
+      for (int32_t j = 0; j < n; ++j) {
+        const int32_t pos = L - n + j;  // this row's position; it attends [first, pos]
+        const int32_t first = a.sliding_window > 0 ? std::max(0, pos + 1 - a.sliding_window) : 0;
+        for (int32_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const bf16* q = a.q + size_t(r0 + j) * a.q_stride + size_t(h) * D;
+          double* o = out.data() + (size_t(r0 + j) * Hq + h) * D;
+          std::vector<double> logit;
+          bool nan = false;
+          double mx = ninf;
+          for (int32_t t = first; t <= pos; ++t) {
+            double dot = 0.0;
+            for (int32_t d = 0; d < D; ++d) dot += double(codec::bf16_to_float(q[d])) * k[size_t(t) * D + d];
+            double z = dot * double(a.sm_scale);
+            if (a.softcap > 0.0f) z = double(a.softcap) * std::tanh(z / double(a.softcap));
+            nan |= std::isnan(z);
+            mx = std::max(mx, z);
+            logit.push_back(z);
+          }
+          double* row_lse = lse ? &(*lse)[size_t(r0 + j) * Hq + h] : nullptr;
+          if (nan) {
+            std::fill(o, o + D, kNaN);
+            if (row_lse) *row_lse = kNaN;
+            continue;
+          }
+          if (logit.empty()) continue;  // nothing attended: 0, lse -inf
+          double sum = 0.0;
+          for (double z : logit) sum += std::exp(z - mx);
+          if (row_lse) *row_lse = mx + std::log(sum);
+          const double sink = a.sinks ? double(a.sinks[h]) : ninf;
+          const double M = std::max(mx, sink);
+          double denom = (sink == ninf ? 0.0 : std::exp(sink - M));
+          for (double z : logit) denom += std::exp(z - M);
+          for (size_t i = 0; i < logit.size(); ++i)
+            for (int32_t d = 0; d < D; ++d) o[d] += std::exp(logit[i] - M) / denom * v[size_t(first + i) * D + d];
+        }
+      }
+    }
+  };
+  const int32_t S = a.num_seqs;
+  const int32_t workers = std::max(1, std::min<int32_t>(S, int32_t(std::thread::hardware_concurrency())));
+  std::vector<std::thread> pool;
+  for (int32_t w = 0; w < workers; ++w)
+    pool.emplace_back([&, w] {
+      for (int32_t s = w; s < S; s += workers) one_seq(s);
+    });
+  for (auto& t : pool) t.join();
+  return out;
+}
+
 Comparison compare_decode(const bf16* out, const std::vector<double>& ref, int32_t num_seqs, int32_t num_q_heads,
                           int32_t head_dim, double tol) {
   Comparison c;

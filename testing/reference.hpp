@@ -23,6 +23,7 @@ using KvRows = std::function<void(int32_t seq, int32_t pos, int32_t kv_head, dou
 // [0, num_blocks) gives NaN rows (the backends' contract: that sequence's
 // output is NaN).
 KvRows cache_rows(const DecodeArgs& a);
+KvRows cache_rows(const PagedAttnArgs& a);
 
 // softmax(sm_scale * q . k_j) . v_j over positions [max(0, L - W), L) of each
 // sequence, with q, lengths, window and scale from `a` (host pointers; a.out
@@ -35,6 +36,16 @@ std::vector<double> attention_f64(const DecodeArgs& a, const KvRows& rows);
 
 // attention_f64 over the dequantized cache: what every decode must match.
 std::vector<double> reference_decode(const DecodeArgs& a);
+
+// Query runs (SYSTEM.md 8), written from the spec again: row j of sequence
+// s's run of n rows sits at p = L - n + j and attends [max(0, p + 1 - W), p];
+// logits sm_scale * q.k, soft-capped c * tanh(s / c) when a.softcap > 0;
+// a.sinks[h] joins the denominator, e^(sink - M) with M = max(logits, sink).
+// [num_q_rows, num_q_heads, head_dim]; `lse` (when given) receives
+// [num_q_rows, num_q_heads] of max + ln(sum e^(logit - max)) without the
+// sink (-inf for an empty range, NaN where a logit is NaN). q_start and
+// seq_lens are host pointers.
+std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& rows, std::vector<double>* lse = nullptr);
 
 struct Comparison {
   bool ok = true;

@@ -65,8 +65,10 @@ void validate_attn(const PagedAttnArgs& a, bool writes_out) {
                     "a finite f32 >= 0 (0 = off)");
   METRALE_CHECK_ARG(a.max_blocks_per_seq > 0, "max_blocks_per_seq", a.max_blocks_per_seq, "> 0");
   if (a.num_seqs == 0) return;
-  check_ptr(a.q, "q", true);
-  if (writes_out) check_ptr(a.out, "out", true);
+  if (a.num_q_rows > 0) {  // runs may all be empty
+    check_ptr(a.q, "q", true);
+    if (writes_out) check_ptr(a.out, "out", true);
+  }
   check_ptr(a.block_tables, "block_tables", false);
   check_ptr(a.seq_lens, "seq_lens", false);
   METRALE_CHECK_ARG(a.q_stride >= int64_t(a.num_q_heads) * d && a.q_stride % 8 == 0, "q_stride", a.q_stride,

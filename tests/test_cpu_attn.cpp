@@ -1,0 +1,262 @@
+// Query runs over the paged cache on the CPU backend (SYSTEM.md 8): ragged
+// runs, causal masks aligned to the end of the cache, windows per query,
+// sinks, soft-capping, lse, split-K; against the independent float64
+// reference (testing/reference.hpp) and against decode itself.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "metrale/cpu.hpp"
+#include "metrale/error.hpp"
+#include "metrale/plan.hpp"
+#include "support/problem.hpp"
+
+namespace metrale::test {
+namespace {
+
+constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
+constexpr float kNoSink = -std::numeric_limits<float>::infinity();
+
+// A problem's cache with query runs of `runs[i]` rows per sequence (their
+// q rows random, strided), sinks and soft-cap as given. The cache holds
+// every position of every sequence (a window's earlier rows reach back
+// past the last row's window); the window applies to the runs.
+DecodeCase whole_history(DecodeCase c) {
+  c.sliding_window = 0;
+  return c;
+}
+
+struct RunsProblem {
+  HostProblem p;
+  int32_t sliding_window = 0;
+  std::vector<int32_t> q_start;
+  std::vector<bf16> q;
+  int64_t q_stride = 0;
+  std::vector<float> sinks;
+  float softcap = 0.0f;
+
+  RunsProblem(const DecodeCase& c, const std::vector<int32_t>& runs, uint64_t seed)
+      : p(make_problem(whole_history(c), seed)), sliding_window(c.sliding_window) {
+    std::mt19937_64 rng(seed ^ 0x5eed);
+    q_start.assign(1, 0);
+    for (size_t i = 0; i < runs.size(); ++i) q_start.push_back(q_start.back() + runs[i]);
+    q_stride = int64_t(c.num_q_heads()) * c.head_dim + 8;
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    q.resize(size_t(q_start.back()) * q_stride);
+    for (bf16& x : q) x = codec::float_to_bf16(u(rng));
+  }
+  int32_t rows() const { return q_start.back(); }
+  PagedAttnArgs args(bf16* out, float* lse = nullptr) const {
+    PagedAttnArgs a;
+    a.q = q.data();
+    a.q_stride = q_stride;
+    a.q_start = q_start.data();
+    a.num_seqs = p.num_seqs();
+    a.num_q_rows = rows();
+    a.num_q_heads = p.num_q_heads();
+    a.cache = p.cache_view();
+    a.block_tables = p.block_tables.data();
+    a.max_blocks_per_seq = p.max_blocks_per_seq;
+    a.seq_lens = p.seq_lens.data();
+    a.sliding_window = sliding_window;
+    a.sm_scale = p.sm_scale;
+    a.sinks = sinks.empty() ? nullptr : sinks.data();
+    a.softcap = softcap;
+    a.out = out;
+    a.lse = lse;
+    return a;
+  }
+  size_t out_elems() const { return size_t(rows()) * p.num_q_heads() * p.layout.head_dim; }
+};
+
+// Runs of 0..max_run rows (at most the sequence's length).
+std::vector<int32_t> random_runs(const std::vector<int32_t>& lens, int32_t max_run, std::mt19937_64& rng) {
+  std::vector<int32_t> runs;
+  for (int32_t L : lens) runs.push_back(int32_t(rng() % (std::min(L, max_run) + 1)));
+  return runs;
+}
+
+void expect_matches(const RunsProblem& rp, const std::vector<bf16>& out, const std::string& what,
+                    const std::vector<float>* lse = nullptr) {
+  std::vector<double> ref_lse;
+  const PagedAttnArgs a = rp.args(nullptr);
+  const std::vector<double> ref = attention_runs_f64(a, cache_rows(a), &ref_lse);
+  const Comparison cmp = compare_decode(out.data(), ref, rp.rows(), rp.p.num_q_heads(), rp.p.layout.head_dim);
+  EXPECT_TRUE(cmp.ok) << what << ": " << cmp.report;
+  if (lse)
+    for (size_t i = 0; i < ref_lse.size(); ++i) {
+      const double r = ref_lse[i], g = (*lse)[i];
+      if (std::isinf(r)) {
+        ASSERT_EQ(g, float(r)) << what << " lse " << i;
+      } else {
+        ASSERT_NEAR(g, r, 1e-3 * std::max(1.0, std::abs(r))) << what << " lse " << i;
+      }
+    }
+}
+
+TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 24; ++iter) {
+    DecodeCase c;
+    c.format = kFormats[iter % 3];
+    c.head_dim = int32_t(pick(rng, 64, 128, 256));
+    c.num_kv_heads = int32_t(pick(rng, 1, 2));
+    c.group = int32_t(pick(rng, 1, 4, 8));
+    c.block_size = int32_t(pick(rng, 16, 32));
+    c.sliding_window = int32_t(pick(rng, 0, 0, 7, 40));
+    c.seq_lens = {int32_t(1 + rng() % 90), int32_t(rng() % 3), int32_t(17 + rng() % 200), 1};
+    RunsProblem rp(c, random_runs(c.seq_lens, int32_t(pick(rng, 1, 4, 16, 300)), rng), rng());
+    if (rng() % 2) {
+      for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(h % 3 ? float(rng() % 5) - 2.0f : kNoSink);
+    }
+    rp.softcap = float(pick(rng, 0, 0, 5, 30)) / 10.0f * 10.0f;
+    SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
+                 (rp.sinks.empty() ? "" : " sinks"));
+    std::vector<bf16> out = poisoned_bf16(rp.out_elems());
+    std::vector<float> lse(size_t(rp.rows()) * c.num_q_heads(), 12345.0f);
+    cpu::paged_attn(rp.args(out.data(), lse.data()));
+    expect_matches(rp, out, "single pass", &lse);
+    for (int32_t ns : {2, 5}) {
+      std::vector<float> ws(splitk_workspace_bytes(rp.rows(), c.num_q_heads(), c.head_dim, ns) / 4 + 4);
+      const SplitKWorkspace w{ws.data(), ws.size() * 4, ns};
+      out = poisoned_bf16(rp.out_elems());
+      std::fill(lse.begin(), lse.end(), 12345.0f);
+      const PagedAttnArgs a = rp.args(out.data(), lse.data());
+      cpu::paged_attn_splitk(a, w);
+      cpu::paged_decode_attn_reduce(reduce_args_for(a, w));
+      expect_matches(rp, out, "split-K " + std::to_string(ns), &lse);
+    }
+    // The planner's plan, for the batch's longest run.
+    DecodeProblem prob = decode_problem(rp.args(nullptr));
+    prob.max_q_len = 1;
+    for (int32_t s = 0; s < rp.p.num_seqs(); ++s) prob.max_q_len = std::max(prob.max_q_len, rp.q_start[s + 1] - rp.q_start[s]);
+    const DecodePlan plan = plan_decode(prob, cpu::decode_target());
+    std::vector<float> ws(plan.workspace_bytes / 4 + 4);
+    out = poisoned_bf16(rp.out_elems());
+    cpu::run_attn(plan, rp.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
+    expect_matches(rp, out, "run_attn, " + std::to_string(plan.num_splits) + " splits");
+    if (HasFailure()) break;
+  }
+}
+
+// A run of one row per sequence is decode, bit for bit; and every row of a
+// run is the decode of the prefix ending at its position.
+TEST(CpuAttn, RowsAreTheDecodesOfTheirPrefixes) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : kFormats) {
+    DecodeCase c;
+    c.format = f;
+    c.head_dim = 64;
+    c.sliding_window = f == KvFormat::fp8_e4m3 ? 23 : 0;
+    c.seq_lens = {1, 40, 77, 130};
+    RunsProblem ones(c, {1, 1, 1, 1}, rng());
+    // q rows of a decode = the runs' rows.
+    std::vector<bf16> got = poisoned_bf16(ones.out_elems()), want = poisoned_bf16(ones.out_elems());
+    cpu::paged_attn(ones.args(got.data()));
+    DecodeArgs d = ones.p.args(want.data());
+    d.sliding_window = ones.sliding_window;
+    d.q = ones.q.data();
+    d.q_stride = ones.q_stride;
+    cpu::paged_decode_attn(d);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << to_string(f) << " q_len 1 " << i;
+
+    RunsProblem rp(c, {1, 13, 40, 130}, rng());
+    got = poisoned_bf16(rp.out_elems());
+    cpu::paged_attn(rp.args(got.data()));
+    const int32_t Hq = c.num_q_heads(), D = c.head_dim;
+    for (int32_t s = 0; s < rp.p.num_seqs(); ++s) {
+      const int32_t n = rp.q_start[s + 1] - rp.q_start[s];
+      for (int32_t j = 0; j < n; ++j) {
+        const int32_t row = rp.q_start[s] + j;
+        std::vector<int32_t> len{rp.p.seq_lens[s] - n + j + 1};
+        std::vector<bf16> one(size_t(Hq) * D);
+        DecodeArgs pd = rp.p.args(one.data());
+        pd.num_seqs = 1;
+        pd.q = rp.q.data() + size_t(row) * rp.q_stride;
+        pd.q_stride = rp.q_stride;
+        pd.block_tables = rp.p.block_tables.data() + size_t(s) * rp.p.max_blocks_per_seq;
+        pd.seq_lens = len.data();
+        pd.sliding_window = rp.sliding_window;
+        cpu::paged_decode_attn(pd);
+        for (int32_t e = 0; e < Hq * D; ++e)
+          ASSERT_EQ(got[size_t(row) * Hq * D + e].bits, one[e].bits) << to_string(f) << " seq " << s << " row " << j;
+      }
+    }
+  }
+}
+
+// Sinks of -inf are no sinks, bit for bit; a soft-cap far above every logit
+// is the identity up to rounding.
+TEST(CpuAttn, NeutralSinksAndSoftCap) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : kFormats) {
+    DecodeCase c;
+    c.format = f;
+    c.seq_lens = {50, 300};
+    RunsProblem rp(c, {3, 8}, rng());
+    std::vector<bf16> plain = poisoned_bf16(rp.out_elems()), got = poisoned_bf16(rp.out_elems());
+    cpu::paged_attn(rp.args(plain.data()));
+    rp.sinks.assign(c.num_q_heads(), kNoSink);
+    cpu::paged_attn(rp.args(got.data()));
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, plain[i].bits) << to_string(f) << " sinks -inf";
+    rp.sinks.clear();
+    rp.softcap = 1e6f;
+    cpu::paged_attn(rp.args(got.data()));
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(codec::bf16_to_float(got[i]), codec::bf16_to_float(plain[i]),
+                  1e-2f * std::abs(codec::bf16_to_float(plain[i])) + 1e-3f)
+          << to_string(f) << " softcap 1e6";
+    // A large sink takes the mass: the output shrinks toward 0.
+    rp.softcap = 0.0f;
+    rp.sinks.assign(c.num_q_heads(), 30.0f);
+    cpu::paged_attn(rp.args(got.data()));
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_LT(std::abs(codec::bf16_to_float(got[i])), 1e-4f);
+  }
+}
+
+TEST(CpuAttn, RejectsBadRuns) {
+  DecodeCase c;
+  c.seq_lens = {10, 20};
+  RunsProblem rp(c, {2, 3}, 7);
+  std::vector<bf16> out(rp.out_elems());
+  auto expect_invalid = [&](RunsProblem& r, const std::string& arg) {
+    try {
+      cpu::paged_attn(r.args(out.data()));
+      ADD_FAILURE() << "no exception; expected one naming " << arg;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
+    }
+  };
+  RunsProblem bad = rp;
+  bad.q_start = {0, 3, 2};  // decreasing
+  expect_invalid(bad, "q_start");
+  bad = rp;
+  bad.q_start = {0, 11, 14};  // a run longer than its sequence (10)
+  expect_invalid(bad, "q_start");
+  bad = rp;
+  bad.sinks.assign(c.num_q_heads(), 0.0f);
+  bad.sinks[3] = std::nanf("");
+  expect_invalid(bad, "sinks");
+  bad = rp;
+  bad.softcap = -1.0f;
+  expect_invalid(bad, "softcap");
+  bad = rp;
+  bad.softcap = std::numeric_limits<float>::infinity();
+  expect_invalid(bad, "softcap");
+  // q_start[num_seqs] must be the number of q rows.
+  PagedAttnArgs a = rp.args(out.data());
+  a.num_q_rows = 4;
+  EXPECT_THROW(cpu::paged_attn(a), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace metrale::test
