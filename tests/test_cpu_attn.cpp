@@ -12,90 +12,12 @@
 #include "metrale/cpu.hpp"
 #include "metrale/error.hpp"
 #include "metrale/plan.hpp"
-#include "support/problem.hpp"
+#include "support/runs_problem.hpp"
 
 namespace metrale::test {
 namespace {
 
 constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
-constexpr float kNoSink = -std::numeric_limits<float>::infinity();
-
-// A problem's cache with query runs of `runs[i]` rows per sequence (their
-// q rows random, strided), sinks and soft-cap as given. The cache holds
-// every position of every sequence (a window's earlier rows reach back
-// past the last row's window); the window applies to the runs.
-DecodeCase whole_history(DecodeCase c) {
-  c.sliding_window = 0;
-  return c;
-}
-
-struct RunsProblem {
-  HostProblem p;
-  int32_t sliding_window = 0;
-  std::vector<int32_t> q_start;
-  std::vector<bf16> q;
-  int64_t q_stride = 0;
-  std::vector<float> sinks;
-  float softcap = 0.0f;
-
-  RunsProblem(const DecodeCase& c, const std::vector<int32_t>& runs, uint64_t seed)
-      : p(make_problem(whole_history(c), seed)), sliding_window(c.sliding_window) {
-    std::mt19937_64 rng(seed ^ 0x5eed);
-    q_start.assign(1, 0);
-    for (size_t i = 0; i < runs.size(); ++i) q_start.push_back(q_start.back() + runs[i]);
-    q_stride = int64_t(c.num_q_heads()) * c.head_dim + 8;
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    q.resize(size_t(q_start.back()) * q_stride);
-    for (bf16& x : q) x = codec::float_to_bf16(u(rng));
-  }
-  int32_t rows() const { return q_start.back(); }
-  PagedAttnArgs args(bf16* out, float* lse = nullptr) const {
-    PagedAttnArgs a;
-    a.q = q.data();
-    a.q_stride = q_stride;
-    a.q_start = q_start.data();
-    a.num_seqs = p.num_seqs();
-    a.num_q_rows = rows();
-    a.num_q_heads = p.num_q_heads();
-    a.cache = p.cache_view();
-    a.block_tables = p.block_tables.data();
-    a.max_blocks_per_seq = p.max_blocks_per_seq;
-    a.seq_lens = p.seq_lens.data();
-    a.sliding_window = sliding_window;
-    a.sm_scale = p.sm_scale;
-    a.sinks = sinks.empty() ? nullptr : sinks.data();
-    a.softcap = softcap;
-    a.out = out;
-    a.lse = lse;
-    return a;
-  }
-  size_t out_elems() const { return size_t(rows()) * p.num_q_heads() * p.layout.head_dim; }
-};
-
-// Runs of 0..max_run rows (at most the sequence's length).
-std::vector<int32_t> random_runs(const std::vector<int32_t>& lens, int32_t max_run, std::mt19937_64& rng) {
-  std::vector<int32_t> runs;
-  for (int32_t L : lens) runs.push_back(int32_t(rng() % (std::min(L, max_run) + 1)));
-  return runs;
-}
-
-void expect_matches(const RunsProblem& rp, const std::vector<bf16>& out, const std::string& what,
-                    const std::vector<float>* lse = nullptr) {
-  std::vector<double> ref_lse;
-  const PagedAttnArgs a = rp.args(nullptr);
-  const std::vector<double> ref = attention_runs_f64(a, cache_rows(a), &ref_lse);
-  const Comparison cmp = compare_decode(out.data(), ref, rp.rows(), rp.p.num_q_heads(), rp.p.layout.head_dim);
-  EXPECT_TRUE(cmp.ok) << what << ": " << cmp.report;
-  if (lse)
-    for (size_t i = 0; i < ref_lse.size(); ++i) {
-      const double r = ref_lse[i], g = (*lse)[i];
-      if (std::isinf(r)) {
-        ASSERT_EQ(g, float(r)) << what << " lse " << i;
-      } else {
-        ASSERT_NEAR(g, r, 1e-3 * std::max(1.0, std::abs(r))) << what << " lse " << i;
-      }
-    }
-}
 
 TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
   const uint64_t seed = random_seed();
@@ -120,7 +42,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
     std::vector<bf16> out = poisoned_bf16(rp.out_elems());
     std::vector<float> lse(size_t(rp.rows()) * c.num_q_heads(), 12345.0f);
     cpu::paged_attn(rp.args(out.data(), lse.data()));
-    expect_matches(rp, out, "single pass", &lse);
+    expect_runs_match(rp, out, "single pass", &lse);
     for (int32_t ns : {2, 5}) {
       std::vector<float> ws(splitk_workspace_bytes(rp.rows(), c.num_q_heads(), c.head_dim, ns) / 4 + 4);
       const SplitKWorkspace w{ws.data(), ws.size() * 4, ns};
@@ -129,7 +51,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
       const PagedAttnArgs a = rp.args(out.data(), lse.data());
       cpu::paged_attn_splitk(a, w);
       cpu::paged_decode_attn_reduce(reduce_args_for(a, w));
-      expect_matches(rp, out, "split-K " + std::to_string(ns), &lse);
+      expect_runs_match(rp, out, "split-K " + std::to_string(ns), &lse);
     }
     // The planner's plan, for the batch's longest run.
     DecodeProblem prob = decode_problem(rp.args(nullptr));
@@ -139,7 +61,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
     std::vector<float> ws(plan.workspace_bytes / 4 + 4);
     out = poisoned_bf16(rp.out_elems());
     cpu::run_attn(plan, rp.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
-    expect_matches(rp, out, "run_attn, " + std::to_string(plan.num_splits) + " splits");
+    expect_runs_match(rp, out, "run_attn, " + std::to_string(plan.num_splits) + " splits");
     if (HasFailure()) break;
   }
 }

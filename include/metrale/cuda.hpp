@@ -50,4 +50,13 @@ void paged_decode_attn(const DecodeArgs& args, Stream stream = nullptr);
 void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
 void paged_decode_attn_reduce(const ReduceArgs& args, Stream stream = nullptr);
 
+// Query runs (SYSTEM.md 8), sinks, soft-cap, lse: as cpu::run_attn /
+// paged_attn / paged_attn_splitk. The plan's max_q_len must bound every run
+// (decode_problem(args, L, n) or args.max_q_len): the grid has
+// ceil(max_q_len * group / 8) tiles per kv head; rows past it are not
+// computed (the debug validator on host copies checks the runs).
+void run_attn(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
+void paged_attn(const PagedAttnArgs& args, Stream stream = nullptr);
+void paged_attn_splitk(const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
+
 }  // namespace metrale::cuda

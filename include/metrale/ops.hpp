@@ -75,6 +75,8 @@ struct PagedAttnArgs {
   bf16* out = nullptr;                   // [num_q_rows, num_q_heads, D], contiguous
   float* lse = nullptr;                  // optional [num_q_rows, num_q_heads]: m + ln(l) of the attended
                                          // positions (without the sink), -inf where none
+  int32_t max_q_len = 0;                 // an upper bound of every run (the forced entry points' grid);
+                                         // 0: the block table's capacity
 };
 
 // A decode call as query runs of one row each.

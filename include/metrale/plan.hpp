@@ -30,6 +30,8 @@ struct DecodeProblem {
   // bounds are fine). 1 and 0 (= num_seqs): decode.
   int32_t max_q_len = 1;
   int32_t num_q_rows = 0;
+  // Sinks, soft-cap or lse requested: the runs kernel serves them (decode too).
+  bool attn_options = false;
 };
 
 // The query rows a problem's plan is made for (num_q_rows, or num_seqs).
@@ -72,6 +74,7 @@ struct DecodeKernelId {
   int32_t head_dim = 0;
   DecodeLoadPath load_path = DecodeLoadPath::registers;
   bool pair_kv_heads = false;
+  bool runs = false;  // the query-runs kernel (runs of several rows, sinks, soft-cap, lse)
 };
 
 // What the planner knows of the machine that runs the plan:

@@ -59,8 +59,10 @@ DecodeProblem decode_problem(const PagedAttnArgs& a, int32_t max_seq_len, int32_
   p.layout = a.cache.layout;
   p.max_seq_len = max_seq_len >= 0 ? max_seq_len : capacity;
   p.sliding_window = a.sliding_window;
-  p.max_q_len = a.q_start == nullptr ? 1 : (max_q_len > 0 ? max_q_len : std::max(capacity, 1));
+  p.max_q_len = a.q_start == nullptr ? 1
+                : (max_q_len > 0 ? max_q_len : (a.max_q_len > 0 ? a.max_q_len : std::max(capacity, 1)));
   p.num_q_rows = a.num_q_rows;
+  p.attn_options = a.sinks != nullptr || a.softcap > 0.0f || a.lse != nullptr;
   return p;
 }
 
@@ -70,7 +72,7 @@ DecodeProblem decode_problem(const DecodeArgs& a, int32_t max_seq_len) {
 
 DecodeKernelId DecodePlan::kernel() const {
   return DecodeKernelId{problem.layout.format, pair_kv_heads ? 2 * problem.layout.head_dim : problem.layout.head_dim,
-                        load_path, pair_kv_heads};
+                        load_path, pair_kv_heads, problem.max_q_len > 1 || problem.attn_options};
 }
 
 DecodePlan plan_decode(const DecodeProblem& p, const DecodeTarget& target, const DecodePlanOptions& options) {
@@ -98,11 +100,12 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   // Pairing of kv heads (decode_geometry.hpp).
   switch (opt.pairing) {
     case DecodePairing::automatic:
-      plan.pair_kv_heads = p.max_q_len == 1 && decode_pairs_kv_heads(D, H, group, p.num_seqs, target.num_sms);
+      plan.pair_kv_heads =
+          p.max_q_len == 1 && !p.attn_options && decode_pairs_kv_heads(D, H, group, p.num_seqs, target.num_sms);
       break;
     case DecodePairing::off: plan.pair_kv_heads = false; break;
     case DecodePairing::on:
-      if (!decode_can_pair_kv_heads(D, H, group) || p.max_q_len != 1)
+      if (!decode_can_pair_kv_heads(D, H, group) || p.max_q_len != 1 || p.attn_options)
         detail::throw_unsupported("pairing", "on",
                                   "decode (runs of one row) at head_dim 64, an even num_kv_heads and at most 4 q "
                                   "heads per kv head");

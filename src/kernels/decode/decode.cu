@@ -49,20 +49,25 @@ int32_t num_sms(int32_t dev) {
 // What this backend adds to validate_decode, before any CUDA call: the
 // kernel addresses bytes inside a page with 32-bit offsets (the NVFP4 scale
 // section starts data_section_bytes in, which the layout leaves open).
-// Sinks and soft-capping (SYSTEM.md 8) are the CPU backend's so far: the
-// CUDA decode refuses them rather than ignoring them.
-void validate_addressable(const DecodeArgs& a) {
+// What this backend adds to the validation, before any CUDA call: the
+// kernel addresses bytes inside a page with 32-bit offsets (the NVFP4 scale
+// section starts data_section_bytes in, which the layout leaves open); a
+// plan whose kernel serves the arguments' options.
+void validate_addressable(const PagedAttnArgs& a) {
   const KvCacheLayout& L = a.cache.layout;
   METRALE_CHECK_ARG(L.data_section_bytes < (int64_t(1) << 30), "layout.data_section_bytes", L.data_section_bytes,
                     "< 2^30 on the CUDA backend (32-bit offsets inside a page)");
-  if (a.sinks != nullptr) detail::throw_unsupported("sinks", "set", "none on the CUDA backend (the CPU backend has them)");
-  if (a.softcap != 0.0f)
-    detail::throw_unsupported("softcap", a.softcap, "0 on the CUDA backend (the CPU backend has soft-capping)");
+}
+void validate_plan_kernel(const DecodePlan& plan, const PagedAttnArgs& a) {
+  const bool options = a.sinks != nullptr || a.softcap > 0.0f || a.lse != nullptr;
+  if ((options || a.q_start != nullptr) && !plan.kernel().runs)
+    detail::throw_invalid("plan", "a decode plan",
+                          "a plan of decode_problem(args) (query runs, sinks, soft-cap or lse take the runs kernel)");
 }
 
 // The plan's arguments for the kernel: validated `a` (and, for the
 // workspace merge, `workspace`).
-DecodeParams make_params(const DecodePlan& plan, const DecodeArgs& a, float* workspace) {
+DecodeParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* workspace) {
   const KvCacheLayout& L = a.cache.layout;
   DecodeParams p{};
   p.q = a.q;
@@ -86,6 +91,13 @@ DecodeParams make_params(const DecodePlan& plan, const DecodeArgs& a, float* wor
   constexpr float kLog2e = 1.4426950408889634f;
   p.qk_log2_scale = a.sm_scale * kLog2e * (f.k_scale(a.cache.scales) * f.operand_factor);
   p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
+  p.q_start = a.q_start;
+  p.sinks = a.sinks;
+  if (a.softcap > 0.0f) {
+    p.softcap_scale = a.sm_scale * (f.k_scale(a.cache.scales) * f.operand_factor) / a.softcap;
+    p.softcap_log2 = a.softcap * kLog2e;
+  }
+  p.lse = plan.merge == DecodeMerge::workspace ? nullptr : a.lse;
   p.num_splits = plan.num_splits;
   p.cluster_merge = plan.merge == DecodeMerge::cluster;
   // The workspace merge writes only the records; the others write `out`.
@@ -111,13 +123,42 @@ DecodeParams make_params(const DecodePlan& plan, const DecodeArgs& a, float* wor
 
 // The plan's decode kernel over validated arguments (records only, for the
 // workspace merge).
-void launch_plan(const DecodePlan& plan, const DecodeArgs& a, float* workspace, Stream stream) {
+void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspace, Stream stream) {
   const int64_t grid_x = plan.grid_x(a.num_seqs);
   METRALE_CHECK_ARG(grid_x <= detail::kMaxGridX, "num_seqs", a.num_seqs,
                     "num_seqs * num_kv_heads * ceil(group/8) <= 2^31-1 (grid limit)");
   const DecodeParams p = make_params(plan, a, workspace);
   format_kernels(plan.problem.layout.format)
       .launch(p, plan.kernel(), grid_x, plan.merge == DecodeMerge::cluster ? plan.num_splits : 1, stream);
+}
+
+// The forced plans: one split (single pass), or ws.num_splits splits merged
+// through the workspace, without the reduce.
+DecodePlan forced_plan(const PagedAttnArgs& args, int32_t num_splits, DecodeMerge merge) {
+  DecodePlanOptions o;
+  o.num_splits = num_splits;
+  o.merge = merge;
+  return detail::decide_decode_plan(decode_problem(args), decode_target(), o);
+}
+
+void single_pass(const PagedAttnArgs& args, Stream stream) {
+  validate_addressable(args);
+  if (args.num_seqs == 0) return;
+  launch_plan(forced_plan(args, 1, DecodeMerge::single_pass), args, nullptr, stream);
+}
+
+void split_pass(const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
+  validate_addressable(args);
+  if (args.num_seqs == 0) return;
+  launch_plan(forced_plan(args, ws.num_splits, DecodeMerge::workspace), args, ws.data, stream);
+}
+
+void run_plan(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
+  validate_addressable(args);
+  validate_plan_kernel(plan, args);
+  if (args.num_seqs == 0) return;
+  launch_plan(plan, args, ws.data, stream);
+  if (plan.merge == DecodeMerge::workspace) kernels::launch_splitk_reduce(reduce_args_for(args, ws), stream);
 }
 
 }  // namespace
@@ -135,32 +176,34 @@ DecodeTarget decode_target() {
 
 void paged_decode_attn(const DecodeArgs& args, Stream stream) {
   detail::validate_decode(args);
-  validate_addressable(args);
-  if (args.num_seqs == 0) return;
-  DecodePlanOptions single;
-  single.num_splits = 1;
-  launch_plan(detail::decide_decode_plan(decode_problem(args), decode_target(), single), args, nullptr, stream);
+  single_pass(attn_args(args), stream);
 }
 
 void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
   detail::validate_decode(args, /*writes_out=*/false);
   detail::validate_workspace(attn_args(args), ws);
-  validate_addressable(args);
-  if (args.num_seqs == 0) return;
-  DecodePlanOptions split;
-  split.num_splits = ws.num_splits;
-  split.merge = DecodeMerge::workspace;
-  launch_plan(detail::decide_decode_plan(decode_problem(args), decode_target(), split), args, ws.data, stream);
+  split_pass(attn_args(args), ws, stream);
 }
 
 void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
   detail::validate_run(plan, attn_args(args), ws);  // everything, `out` included, before any launch
-  validate_addressable(args);
-  METRALE_CHECK_ARG(plan.problem.max_q_len == 1, "plan.max_q_len", plan.problem.max_q_len,
-                    "1 on the CUDA backend (query runs are the CPU backend's so far)");
-  if (args.num_seqs == 0) return;
-  launch_plan(plan, args, ws.data, stream);
-  if (plan.merge == DecodeMerge::workspace) kernels::launch_splitk_reduce(reduce_args_for(args, ws), stream);
+  run_plan(plan, attn_args(args), ws, stream);
+}
+
+void paged_attn(const PagedAttnArgs& args, Stream stream) {
+  detail::validate_attn(args);
+  single_pass(args, stream);
+}
+
+void paged_attn_splitk(const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
+  detail::validate_attn(args, /*writes_out=*/false);
+  detail::validate_workspace(args, ws);
+  split_pass(args, ws, stream);
+}
+
+void run_attn(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
+  detail::validate_run(plan, args, ws);
+  run_plan(plan, args, ws, stream);
 }
 
 }  // namespace metrale::cuda

@@ -22,8 +22,17 @@ namespace metrale::kernels {
 // other CTAs' records through distributed shared memory, and writes them to
 // `out`; a second barrier keeps every CTA's records alive until all reads are
 // done. Replaces the workspace round trip and the reduce launch.
-template <int D>
-__device__ void cluster_merge_records(const DecodeParams& p, const float* recs, int64_t seq, int head0, int cols) {
+// Where column `col` of a CTA writes: its output row (row * num_q_heads +
+// q head) and its q head.
+struct ColumnRow {
+  int64_t out_row;
+  int32_t head;
+};
+
+// kOptions: the runs kernel's sinks and lse (decode_runs.cuh); `column`
+// maps a column to its ColumnRow.
+template <int D, bool kOptions, class Column>
+__device__ void cluster_merge_records(const DecodeParams& p, const float* recs, int cols, const Column& column) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
@@ -31,7 +40,11 @@ __device__ void cluster_merge_records(const DecodeParams& p, const float* recs, 
   const int S = p.num_splits, rank = int(cluster.block_rank());
   for (int idx = rank * int(blockDim.x) + threadIdx.x; idx < cols * D; idx += S * int(blockDim.x)) {
     const int col = idx / D, d = idx % D;
+    const ColumnRow cr = column(col);
     softmax::Merge<> mg;
+    if constexpr (kOptions) {
+      if (p.sinks) mg.sink = p.sinks[cr.head];
+    }
     for (int s = 0; s < S; ++s) mg.see(softmax::load_state(cluster.map_shared_rank(recs, s) + col * kRec, D));
     float a = 0.0f, L = 0.0f;
     if (mg.sums()) {
@@ -44,7 +57,10 @@ __device__ void cluster_merge_records(const DecodeParams& p, const float* recs, 
         L += w;
       }
     }
-    p.out[(seq * p.num_q_heads + head0 + col) * D + d] = codec::float_to_bf16(mg.finalize(a, L));
+    p.out[cr.out_row * D + d] = codec::float_to_bf16(mg.finalize(a, L));
+    if constexpr (kOptions) {
+      if (p.lse && d == 0) p.lse[cr.out_row] = mg.lse(L);
+    }
   }
   cluster.sync();
 }

@@ -61,6 +61,7 @@
 #include "kernels/decode/decode_cluster_merge.cuh"
 #include "kernels/decode/decode_config.cuh"
 #include "kernels/decode/decode_register_loads.cuh"
+#include "kernels/decode/decode_runs.cuh"
 #include "kernels/decode/decode_steps.cuh"
 #include "kernels/decode/decode_tma_loads.cuh"
 #include "metrale/ops.hpp"
@@ -68,9 +69,12 @@
 
 namespace metrale::kernels {
 
-template <class Fmt, int D, bool kTma, bool kPair>
+// kRuns: columns are (query row, q head) pairs of query runs, with sinks,
+// soft-cap and lse (decode_runs.cuh); decode with those options runs it too.
+template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false>
 __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
     paged_decode_kernel(const __grid_constant__ DecodeParams p) {
+  static_assert(!(kRuns && kPair), "query runs take one kv head per CTA");
   using Cfg = DecodeConfig<Fmt, D, kTma, kPair>;
   constexpr int kHD = Cfg::kHeadDim;  // elements of a q row, an output row, a record
   using Op = typename Fmt::Op;
@@ -95,7 +99,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
   const int64_t seq = cta / p.num_kv_heads;
   const int split = blockIdx.y;
   const int head0 = kv_head * p.group + tile * kCols;
-  const int cols = min(kCols, p.group - tile * kCols);
+  int cols = min(kCols, p.group - tile * kCols);
 
   // Launched as a programmatic dependent (decode_launch.cuh): everything the
   // stream's earlier kernels wrote (q, lengths, tables, cache) is read after
@@ -105,7 +109,36 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
   // Never read past the block-table row, whatever seq_lens says.
   const int32_t seq_len = min(max(p.seq_lens[seq], 0), p.max_blocks_per_seq * p.block_size);
   const int32_t first_pos = window_start(seq_len, p.sliding_window);
-  const PageRange pages = split_pages(attended_pages(seq_len, p.sliding_window, p.block_size), split, p.num_splits);
+  RunColumns rc{};
+  if constexpr (kRuns) {
+    rc.seq_len = seq_len;
+    rc.row0 = p.q_start ? p.q_start[seq] : int32_t(seq);
+    rc.run_len = p.q_start ? min(max(p.q_start[seq + 1] - rc.row0, 0), seq_len) : 1;
+    rc.fc0 = tile * kCols;
+    rc.group = p.group;
+    rc.kv_head = kv_head;
+    rc.window = p.sliding_window;
+    cols = min(kCols, rc.run_len * p.group - rc.fc0);
+    if (cols <= 0) return;  // past the run's rows: the whole CTA (and its cluster, the same tile)
+  }
+  const PageRange pages = split_pages(kRuns ? rc.pages(p.block_size)
+                                            : attended_pages(seq_len, p.sliding_window, p.block_size),
+                                      split, p.num_splits);
+  // The positions any column of the CTA attends (V outside them is zeroed).
+  const int32_t span_begin = kRuns ? rc.range(0).begin : first_pos;
+  const int32_t span_end = kRuns ? rc.range(cols - 1).end : seq_len;
+  // Runs: the thread's columns 2c, 2c+1 each mask their own range.
+  int32_t col_begin[2] = {0, 0}, col_end[2] = {0, 0};
+  if constexpr (kRuns) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (2 * c + j < cols) {
+        const QueryRange r = rc.range(2 * c + j);
+        col_begin[j] = r.begin;
+        col_end[j] = r.end;
+      }
+    }
+  }
 
   // Q^T as B fragments of the QK k-steps, in registers: q head g of the
   // tile (zero past the group), head_dim positions of the K permutation:
@@ -117,6 +150,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
   // columns need no zeros and a NaN in one head's K stays there).
   uint32_t qf[Cfg::kKSteps][2];
   const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * kHD;
+  if constexpr (kRuns) q_row = g < cols ? p.q + int64_t(rc.row(g)) * p.q_stride + int64_t(rc.head(g)) * kHD : p.q;
 #pragma unroll
   for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
     float x[4];
@@ -192,14 +226,26 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
       const int st = b.st0 + u;
       const bool live = (b.live >> u) & 1u;
       const int32_t pos0 = split_pos0 + st * Cfg::kStepTokens;  // pages hold whole steps
-      const bool full = live && pos0 >= first_pos && pos0 + Cfg::kStepTokens <= seq_len;
-      const bool ok_lo = live && pos0 + g >= first_pos && pos0 + g < seq_len;
-      const bool ok_hi = live && pos0 + g + 8 >= first_pos && pos0 + g + 8 < seq_len;
+      const bool full = live && pos0 >= span_begin && pos0 + Cfg::kStepTokens <= span_end;
       float x[4];
-      x[0] = ok_lo ? s[0] * p.qk_log2_scale : kNegInf;
-      x[1] = ok_lo ? s[1] * p.qk_log2_scale : kNegInf;
-      x[2] = ok_hi ? s[2] * p.qk_log2_scale : kNegInf;
-      x[3] = ok_hi ? s[3] * p.qk_log2_scale : kNegInf;
+      if constexpr (kRuns) {
+        // x[r]: token g + 8 (r / 2), column 2c + r % 2, each in its column's range.
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int32_t t = pos0 + g + 8 * (r / 2);
+          const bool ok = live && t >= col_begin[r % 2] && t < col_end[r % 2];
+          const float z = p.softcap_log2 > 0.0f ? p.softcap_log2 * fast_tanh(s[r] * p.softcap_scale)
+                                                : s[r] * p.qk_log2_scale;
+          x[r] = ok ? z : kNegInf;
+        }
+      } else {
+        const bool ok_lo = live && pos0 + g >= first_pos && pos0 + g < seq_len;
+        const bool ok_hi = live && pos0 + g + 8 >= first_pos && pos0 + g + 8 < seq_len;
+        x[0] = ok_lo ? s[0] * p.qk_log2_scale : kNegInf;
+        x[1] = ok_lo ? s[1] * p.qk_log2_scale : kNegInf;
+        x[2] = ok_hi ? s[2] * p.qk_log2_scale : kNegInf;
+        x[3] = ok_hi ? s[3] * p.qk_log2_scale : kNegInf;
+      }
       float mx[2] = {fmaxf(x[0], x[2]), fmaxf(x[1], x[3])};
       m_true[0] = fmaxf(m_true[0], mx[0]);
       m_true[1] = fmaxf(m_true[1], mx[1]);
@@ -239,7 +285,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           const int32_t pos = pos0 + 2 * c + Cfg::vtok(t);
-          const bool ok = live && pos >= first_pos && pos < seq_len;
+          const bool ok = live && pos >= span_begin && pos < span_end;
 #pragma unroll
           for (int w = 0; w < Cfg::kVWords; ++w) b.vw[u][t][w] = ok ? b.vw[u][t][w] : 0u;
           if constexpr (Fmt::kScaled) b.vs[u][t] = ok ? b.vs[u][t] : 0u;
@@ -341,6 +387,10 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
       MT = fmaxf(MT, mt_buf[w * kCols + col]);
     }
     mg.nan = bad;
+    if constexpr (kRuns) {
+      constexpr float kLog2e = 1.4426950408889634f;
+      if (p.sinks) mg.sink = p.sinks[rc.head(col)] * kLog2e;
+    }
     // wt[w] scales warp w's O^T to the merged state; L = sum of the weights.
     float wt[Cfg::kWarps];
 #pragma unroll
@@ -352,12 +402,14 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
     // weight NaN, also where no warp attended a finite logit (M = -inf).
     for (int w = 0; w < Cfg::kWarps; ++w) wt[w] = L == 0.0f ? 0.0f : wt[w] / mg.denominator(L);
     const int64_t qh = int64_t(head0 + col);
+    // The column's output row: (sequence or query row) * num_q_heads + q head.
+    const int64_t out_row = kRuns ? int64_t(rc.row(col)) * p.num_q_heads + rc.head(col) : seq * p.num_q_heads + qh;
     // The split's record (cluster merge: in shared memory), or none: the output.
     float* rec = nullptr;
     if (p.cluster_merge) {
       rec = my_rec + col * kRec;
     } else if (p.workspace != nullptr) {
-      rec = p.workspace + softmax::record_index(seq * p.num_q_heads + qh, p.num_splits, split) * kRec;
+      rec = p.workspace + softmax::record_index(out_row, p.num_splits, split) * kRec;
     }
     // Paired heads: the column's own head is the upper half of the tile's D.
     const int d0 = kPair && col >= cols / 2 ? kHD : 0;
@@ -369,14 +421,33 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
       for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[w * kCols * D + o_index(col, d0 + d)] * wt[w];
       v = mg.nan ? qnan : v * p.v_factor;
       if (rec == nullptr) {
-        p.out[(seq * p.num_q_heads + qh) * kHD + d] = codec::float_to_bf16(v);
+        p.out[out_row * kHD + d] = codec::float_to_bf16(v);
       } else {
         rec[d] = v;
       }
     }
     if (rec != nullptr && lane == 0) softmax::store_state(rec, kHD, softmax::to_record(mg.merged(L), MT));
+    if constexpr (kRuns) {
+      if (rec == nullptr && p.lse != nullptr && lane == 0) {  // the single pass's lse (split-K: the merge's)
+        const softmax::State<> st = softmax::to_record(mg.merged(L), MT);
+        softmax::Merge<> ln;
+        ln.M = st.m;
+        ln.nan = st.is_nan();
+        p.lse[out_row] = ln.lse(st.l);
+      }
+    }
   }
-  if (p.cluster_merge) cluster_merge_records<kHD>(p, my_rec, seq, head0, cols);
+  if (p.cluster_merge) {
+    if constexpr (kRuns) {
+      cluster_merge_records<kHD, true>(p, my_rec, cols, [&](int col) {
+        return ColumnRow{int64_t(rc.row(col)) * p.num_q_heads + rc.head(col), rc.head(col)};
+      });
+    } else {
+      cluster_merge_records<kHD, false>(p, my_rec, cols, [&](int col) {
+        return ColumnRow{seq * p.num_q_heads + head0 + col, head0 + col};
+      });
+    }
+  }
 }
 
 }  // namespace metrale::kernels

@@ -17,10 +17,10 @@
 namespace metrale::kernels {
 
 // One instantiation, as a type.
-template <class Fmt, int D, bool kTma, bool kPair>
+template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false>
 struct DecodeInstance {
   using Cfg = DecodeConfig<Fmt, D, kTma, kPair>;
-  static constexpr auto kernel = paged_decode_kernel<Fmt, D, kTma, kPair>;
+  static constexpr auto kernel = paged_decode_kernel<Fmt, D, kTma, kPair, kRuns>;
   // Allows the instantiation's dynamic shared memory (> 48 KB), once.
   static void allow_smem() {
     static const bool ok =
@@ -32,10 +32,17 @@ struct DecodeInstance {
 // Calls f(DecodeInstance<Fmt, ...>{}) for the instantiation `id` names: the
 // shipped set is head_dim 64, 128, 256 and pairs of 64 (run at 128), each
 // through registers, and for the unscaled formats also through TMA
-// (DecodeConfig says why not NVFP4).
+// (DecodeConfig says why not NVFP4); and the runs kernel (query runs,
+// sinks, soft-cap, lse) at head_dim 64, 128, 256 on both paths.
 template <class Fmt, bool kTma, class F>
 void with_decode_head_dim(const DecodeKernelId& id, F&& f) {
-  if (id.pair_kv_heads) {
+  if (id.runs) {
+    switch (id.head_dim) {
+      case 64: return f(DecodeInstance<Fmt, 64, kTma, false, true>{});
+      case 128: return f(DecodeInstance<Fmt, 128, kTma, false, true>{});
+      case 256: return f(DecodeInstance<Fmt, 256, kTma, false, true>{});
+    }
+  } else if (id.pair_kv_heads) {
     if (id.head_dim == 128) return f(DecodeInstance<Fmt, 128, kTma, true>{});
   } else {
     switch (id.head_dim) {

@@ -48,6 +48,12 @@ struct DecodeParams {
   int32_t num_splits;
   bf16* out;                 // single pass: [num_seqs, num_q_heads, D]
   float* workspace;          // split-K: records of D+2 floats (SYSTEM.md 4)
+  // Query runs and their options (the runs kernel only; decode_runs.cuh).
+  const int32_t* q_start;    // [num_seqs + 1] or null: one row per sequence
+  const float* sinks;        // [num_q_heads] sink logits (natural log units), or null
+  float softcap_scale;       // soft-cap c > 0: sm_scale * K factor / c (x = softcap_log2 * tanh(s * this))
+  float softcap_log2;        // c * log2(e); 0: no soft-cap
+  float* lse;                // [rows, num_q_heads] of the single pass, or null
   int32_t cluster_merge;     // split-K launched as clusters of its num_splits CTAs, which merge their
                              // records through distributed shared memory into `out` (no workspace, no reduce)
 };

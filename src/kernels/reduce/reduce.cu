@@ -21,6 +21,9 @@ struct ReduceParams {
   int32_t num_splits;
   int32_t head_dim;
   bf16* out;
+  int32_t num_q_heads;
+  const float* sinks;  // [num_q_heads] or null (SYSTEM.md 8)
+  float* lse;          // [rows] or null
 };
 
 __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
@@ -68,6 +71,7 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   for (int x = 16; x > 0; x /= 2) part.M = fmaxf(part.M, __shfl_xor_sync(0xffffffffu, part.M, x));
   if (lane == 0) warp_max[warp] = part.M;
   softmax::Merge<> mg;
+  if (p.sinks) mg.sink = p.sinks[row % p.num_q_heads];
   mg.nan = __syncthreads_or(part.nan);
   for (int w = 0; w < warps; ++w) mg.M = fmaxf(mg.M, warp_max[w]);
 
@@ -94,6 +98,7 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   a1 = mg.finalize(a1, L);
   p.out[row * D + d] = codec::float_to_bf16(a0);
   p.out[row * D + d + 1] = codec::float_to_bf16(a1);
+  if (p.lse && threadIdx.x == 0) p.lse[row] = mg.lse(L);
 }
 
 }  // namespace metrale::kernels
@@ -104,7 +109,7 @@ void launch_splitk_reduce(const ReduceArgs& args, cudaStream_t stream) {
   if (args.num_seqs == 0) return;
   const int64_t rows = int64_t(args.num_seqs) * args.num_q_heads;
   METRALE_CHECK_ARG(rows <= detail::kMaxGridX, "num_seqs", args.num_seqs, "num_seqs * num_q_heads <= 2^31-1");
-  ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out};
+  ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out, args.num_q_heads, args.sinks, args.lse};
   detail::launch_dependent(detail::DependentLaunch(dim3(unsigned(rows)), dim3(unsigned(args.head_dim / 2)), 0, stream),
                            splitk_reduce_kernel, "splitk_reduce_kernel", p);
 }

@@ -1,0 +1,156 @@
+// Query runs on the GPU (SYSTEM.md 8): the runs kernel (columns = (query
+// row, q head) pairs of a kv head's group) against the float64 reference,
+// over formats x head dims x GQA x run lengths x ragged batches x windows x
+// splits x sinks x soft-cap x strided q, with poisoned outputs and guards;
+// decode with sinks / soft-cap / lse through the same kernel.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "metrale/cuda.hpp"
+#include "support/device_problem.hpp"
+#include "support/runs_problem.hpp"
+#include "testing/device_buffer.hpp"
+
+namespace metrale::test {
+namespace {
+
+// rp's inputs on the device, and a run of one plan (or forced split count)
+// into poisoned outputs; returns out (and lse).
+struct DeviceRuns {
+  explicit DeviceRuns(const RunsProblem& rp)
+      : rp(rp), k(rp.p.k_cache), v(rp.p.v_cache), q(rp.q), q_start(rp.q_start), tables(rp.p.block_tables),
+        lens(rp.p.seq_lens), sinks(rp.sinks.empty() ? std::vector<float>{0.0f} : rp.sinks),
+        out(std::max<size_t>(rp.out_elems(), 1)),
+        lse(std::max<size_t>(size_t(rp.rows()) * rp.p.num_q_heads(), 1)) {}
+
+  PagedAttnArgs args(bool with_lse) {
+    PagedAttnArgs a = rp.args(out.get(), with_lse ? lse.get() : nullptr);
+    a.q = q.get();
+    a.q_start = q_start.get();
+    a.cache.k = k.get();
+    a.cache.v = v.get();
+    a.block_tables = tables.get();
+    a.seq_lens = lens.get();
+    a.sinks = rp.sinks.empty() ? nullptr : sinks.get();
+    return a;
+  }
+  // options.num_splits 0: the planner's. Returns whether every guard held.
+  bool run(const DecodePlanOptions& options, bool with_lse) {
+    out.fill_bytes(0xFF);
+    lse.fill_bytes(0xFF);
+    const PagedAttnArgs a = args(with_lse);
+    int32_t max_run = 1;
+    for (size_t s = 0; s + 1 < rp.q_start.size(); ++s) max_run = std::max(max_run, rp.q_start[s + 1] - rp.q_start[s]);
+    plan = plan_decode(decode_problem(a, -1, max_run), cuda::decode_target(), options);
+    DeviceBuffer<float> ws(std::max<size_t>(plan.workspace_bytes / 4, 1));
+    cuda::run_attn(plan, a, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
+    METRALE_CUDA_OK(cudaDeviceSynchronize());
+    return ws.guards_intact() && out.guards_intact() && lse.guards_intact() && k.guards_intact() &&
+           q.guards_intact() && k.download() == rp.p.k_cache && v.download() == rp.p.v_cache;
+  }
+  std::vector<bf16> out_host() const {
+    std::vector<bf16> o = out.download();
+    o.resize(rp.out_elems());
+    return o;
+  }
+  std::vector<float> lse_host() const {
+    std::vector<float> l = lse.download();
+    l.resize(size_t(rp.rows()) * rp.p.num_q_heads());
+    return l;
+  }
+
+  const RunsProblem& rp;
+  DeviceBuffer<uint8_t> k, v;
+  DeviceBuffer<bf16> q;
+  DeviceBuffer<int32_t> q_start, tables, lens;
+  DeviceBuffer<float> sinks;
+  DeviceBuffer<bf16> out;
+  DeviceBuffer<float> lse;
+  DecodePlan plan;
+};
+
+TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const char* iters_env = std::getenv("METRALE_GPU_TEST_ITERS");
+  const int iters = iters_env ? std::atoi(iters_env) : 40;
+  constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
+  for (int iter = 0; iter < iters; ++iter) {
+    DecodeCase c;
+    c.format = kFormats[iter % 3];
+    c.head_dim = int32_t(pick(rng, 64, 128, 256));
+    c.num_kv_heads = int32_t(pick(rng, 1, 2, 4));
+    c.group = int32_t(pick(rng, 1, 2, 4, 8));
+    c.block_size = int32_t(pick(rng, 16, 32, 64));
+    c.sliding_window = int32_t(pick(rng, 0, 0, 9, 100));
+    c.q_stride_pad = 8 * int64_t(rng() % 2);
+    const int32_t max_run = int32_t(pick(rng, 1, 2, 4, 8, 16, 16, 70));
+    c.seq_lens = {int32_t(1 + rng() % 300), int32_t(rng() % 3), int32_t(16 + rng() % 2000), 1, int32_t(rng() % 40)};
+    RunsProblem rp(c, random_runs(c.seq_lens, max_run, rng), rng());
+    if (rng() % 2)
+      for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(h % 3 ? float(rng() % 5) - 2.0f : kNoSink);
+    rp.softcap = float(pick(rng, 0, 0, 5, 30));
+    SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
+                 (rp.sinks.empty() ? "" : " sinks"));
+    DeviceRuns dr(rp);
+    for (int32_t ns : {0, 1, 3, int32_t(2 + rng() % 7), int32_t(9 + rng() % 30)}) {
+      for (DecodeMerge merge : {DecodeMerge::automatic, DecodeMerge::workspace}) {
+        DecodePlanOptions o;
+        o.num_splits = ns;
+        if (ns > 1 || ns == 0) o.merge = merge;
+        if (ns == 1 && merge == DecodeMerge::workspace) continue;
+        const bool with_lse = rng() % 2;
+        const bool intact = dr.run(o, with_lse);
+        const std::string what = "splits " + std::to_string(dr.plan.num_splits) + " merge " + to_string(dr.plan.merge) +
+                                 " load " + to_string(dr.plan.load_path);
+        EXPECT_TRUE(intact) << what << ": a guard or an input was overwritten";
+        const std::vector<float> lse = dr.lse_host();
+        expect_runs_match(rp, dr.out_host(), what, with_lse ? &lse : nullptr);
+        if (c.format != KvFormat::nvfp4 && ns == 3) {
+          o.load_path = DecodeLoadPath::registers;
+          EXPECT_TRUE(dr.run(o, false));
+          expect_runs_match(rp, dr.out_host(), what + " registers");
+        }
+      }
+    }
+    if (HasFailure()) break;
+  }
+}
+
+// Decode with sinks, soft-cap and lse runs the runs kernel (q_start null).
+TEST(GpuAttn, DecodeWithSinksSoftCapAndLse) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    DecodeCase c;
+    c.format = f;
+    c.seq_lens = {0, 1, 500, 3000};
+    RunsProblem rp(c, {1, 1, 1, 1}, rng());
+    for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(float(h) - 3.0f);
+    rp.softcap = 20.0f;
+    DeviceRuns dr(rp);
+    for (int32_t ns : {1, 4, 20}) {
+      DecodePlanOptions o;
+      o.num_splits = ns;
+      PagedAttnArgs a = dr.args(true);
+      a.q_start = nullptr;  // one row per sequence: decode
+      dr.out.fill_bytes(0xFF);
+      const DecodePlan plan = plan_decode(decode_problem(a), cuda::decode_target(), o);
+      DeviceBuffer<float> ws(std::max<size_t>(plan.workspace_bytes / 4, 1));
+      cuda::run_attn(plan, a, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
+      METRALE_CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> lse = dr.lse_host();
+      expect_runs_match(rp, dr.out_host(), std::string(to_string(f)) + " decode splits " + std::to_string(ns), &lse);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace metrale::test
