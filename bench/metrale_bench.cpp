@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::string shapes = "1x1024,1x32768,16x8192,64x4096,128x2048,256x1024,32x32768";
   std::string heads = "32/8", csv_path, json_path;
   std::string pairing = "automatic", load_path = "automatic", merge = "automatic";
-  int head_dim = 128, block_size = 16, forced_splits = 0, window = 0;
+  int head_dim = 128, block_size = 16, forced_splits = 0, window = 0, q_len = 1;
   bool mixed = false;
   app.add_option("--mode", mode, "perf | oracle | check")->check(CLI::IsMember({"perf", "oracle", "check"}));
   app.add_option("--op", op, "decode | write")->check(CLI::IsMember({"decode", "write"}));
@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"automatic", "single_pass", "cluster", "workspace"}));
   app.add_option("--window", window, "sliding window (0 = off)");
   app.add_flag("--mixed", mixed, "lengths uniform in [1, CONTEXT]");
+  app.add_option("--q-len", q_len, "query rows per sequence (> 1: query runs through run_attn, SYSTEM.md 8)")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--csv", csv_path, "write rows as CSV");
   app.add_option("--json", json_path, "write rows as JSON");
   CLI11_PARSE(app, argc, argv);
@@ -208,6 +210,44 @@ int main(int argc, char** argv) {
         cudaFree(key);
         cudaFree(value);
         cudaFree(slots);
+      } else if (mode == "perf" && q_len > 1) {
+        // q_len query rows per sequence at the end of its cache (speculative
+        // verification), through run_attn; q rows and outputs of their own.
+        const int32_t nrows = s.num_seqs * q_len;
+        std::vector<int32_t> qs(size_t(s.num_seqs) + 1);
+        for (int32_t i = 0; i <= s.num_seqs; ++i) qs[size_t(i)] = i * q_len;
+        bf16 *q = nullptr, *rout = nullptr;
+        int32_t* q_start = nullptr;
+        cuda_ok(cudaMalloc(&q, size_t(nrows) * qh * head_dim * sizeof(bf16)), "cudaMalloc(q)");
+        cuda_ok(cudaMemset(q, 0x3c, size_t(nrows) * qh * head_dim * sizeof(bf16)), "memset(q)");
+        cuda_ok(cudaMalloc(&rout, size_t(nrows) * qh * head_dim * sizeof(bf16)), "cudaMalloc(out)");
+        cuda_ok(cudaMalloc(&q_start, qs.size() * sizeof(int32_t)), "cudaMalloc(q_start)");
+        cuda_ok(cudaMemcpy(q_start, qs.data(), qs.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "q_start");
+        auto runs_args = [&](int replica) {
+          PagedAttnArgs a = attn_args(w.args(replica, rout));
+          a.q = q;
+          a.q_stride = int64_t(qh) * head_dim;
+          a.q_start = q_start;
+          a.num_q_rows = nrows;
+          return a;
+        };
+        const DecodePlan rplan = plan_decode(decode_problem(runs_args(0), w.max_seq_len(), q_len), target, options);
+        float* rws = nullptr;
+        cuda_ok(cudaMalloc(&rws, std::max<size_t>(rplan.workspace_bytes, 16)), "cudaMalloc(workspace)");
+        const int per_graph = std::max(w.replicas(), std::min(20, 4 * w.replicas()));
+        const double us = metrale::bench::median_us_per_call(
+            [&](int call, cudaStream_t st) {
+              cuda::run_attn(rplan, runs_args(call % w.replicas()),
+                             SplitKWorkspace{rws, rplan.workspace_bytes, rplan.num_splits}, st);
+            },
+            per_graph);
+        rows.push_back(row_for(rplan.num_splits, us));
+        rows.back().shape += " q" + std::to_string(q_len);
+        rows.back().plan = describe(rplan) + " tiles " + std::to_string(rplan.head_tiles);
+        cudaFree(q);
+        cudaFree(rout);
+        cudaFree(q_start);
+        cudaFree(rws);
       } else if (mode == "perf") {
         rows.push_back(row_for(plan.num_splits, time_decode(w, plan, out, ws, max_ws)));
         rows.back().plan = describe(plan);

@@ -18,7 +18,7 @@
 namespace metrale::cuda {
 namespace {
 
-using kernels::DecodeParams;
+using kernels::RunParams;
 
 const kernels::DecodeFormatKernels& format_kernels(KvFormat format) {
   switch (format) {
@@ -67,9 +67,9 @@ void validate_plan_kernel(const DecodePlan& plan, const PagedAttnArgs& a) {
 
 // The plan's arguments for the kernel: validated `a` (and, for the
 // workspace merge, `workspace`).
-DecodeParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* workspace) {
+RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* workspace) {
   const KvCacheLayout& L = a.cache.layout;
-  DecodeParams p{};
+  RunParams p{};
   p.q = a.q;
   p.q_stride = a.q_stride;
   p.k_cache = static_cast<const uint8_t*>(a.cache.k);
@@ -127,7 +127,7 @@ void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspac
   const int64_t grid_x = plan.grid_x(a.num_seqs);
   METRALE_CHECK_ARG(grid_x <= detail::kMaxGridX, "num_seqs", a.num_seqs,
                     "num_seqs * num_kv_heads * ceil(group/8) <= 2^31-1 (grid limit)");
-  const DecodeParams p = make_params(plan, a, workspace);
+  const RunParams p = make_params(plan, a, workspace);
   format_kernels(plan.problem.layout.format)
       .launch(p, plan.kernel(), grid_x, plan.merge == DecodeMerge::cluster ? plan.num_splits : 1, stream);
 }

@@ -31,8 +31,8 @@ struct ColumnRow {
 
 // kOptions: the runs kernel's sinks and lse (decode_runs.cuh); `column`
 // maps a column to its ColumnRow.
-template <int D, bool kOptions, class Column>
-__device__ void cluster_merge_records(const DecodeParams& p, const float* recs, int cols, const Column& column) {
+template <int D, bool kOptions, class Params, class Column>
+__device__ void cluster_merge_records(const Params& p, const float* recs, int cols, const Column& column) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();

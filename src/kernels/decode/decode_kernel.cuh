@@ -73,7 +73,7 @@ namespace metrale::kernels {
 // soft-cap and lse (decode_runs.cuh); decode with those options runs it too.
 template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false>
 __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
-    paged_decode_kernel(const __grid_constant__ DecodeParams p) {
+    paged_decode_kernel(const __grid_constant__ KernelParams<kRuns> p) {
   static_assert(!(kRuns && kPair), "query runs take one kv head per CTA");
   using Cfg = DecodeConfig<Fmt, D, kTma, kPair>;
   constexpr int kHD = Cfg::kHeadDim;  // elements of a q row, an output row, a record
@@ -387,9 +387,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
       MT = fmaxf(MT, mt_buf[w * kCols + col]);
     }
     mg.nan = bad;
-    if constexpr (kRuns) {
+    if constexpr (kRuns) {  // the sink joins the final normalisation only (not a split's record)
       constexpr float kLog2e = 1.4426950408889634f;
-      if (p.sinks) mg.sink = p.sinks[rc.head(col)] * kLog2e;
+      if (p.sinks && !p.cluster_merge && p.workspace == nullptr) mg.sink = p.sinks[rc.head(col)] * kLog2e;
     }
     // wt[w] scales warp w's O^T to the merged state; L = sum of the weights.
     float wt[Cfg::kWarps];

@@ -19,6 +19,7 @@ namespace metrale::kernels {
 // One instantiation, as a type.
 template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false>
 struct DecodeInstance {
+  static constexpr bool kQueryRuns = kRuns;
   using Cfg = DecodeConfig<Fmt, D, kTma, kPair>;
   static constexpr auto kernel = paged_decode_kernel<Fmt, D, kTma, kPair, kRuns>;
   // Allows the instantiation's dynamic shared memory (> 48 KB), once.
@@ -65,7 +66,7 @@ void with_decode_instance(const DecodeKernelId& id, F&& f) {
 // Launches the plan's kernel over grid (grid_x, p.num_splits); cluster > 1:
 // clusters of that many split CTAs, which merge in-kernel.
 template <class Fmt>
-void launch_decode(const DecodeParams& p, const DecodeKernelId& id, int64_t grid_x, int32_t cluster,
+void launch_decode(const RunParams& p, const DecodeKernelId& id, int64_t grid_x, int32_t cluster,
                    cudaStream_t stream) {
   with_decode_instance<Fmt>(id, [&](auto inst) {
     using I = decltype(inst);
@@ -74,7 +75,7 @@ void launch_decode(const DecodeParams& p, const DecodeKernelId& id, int64_t grid
     detail::launch_dependent(detail::DependentLaunch(dim3(unsigned(grid_x), unsigned(p.num_splits)),
                                                      dim3(I::Cfg::kThreads), I::Cfg::kSmemBytes, stream,
                                                      unsigned(cluster)),
-                             I::kernel, "paged_decode_kernel", p);
+                             I::kernel, "paged_decode_kernel", static_cast<const KernelParams<I::kQueryRuns>&>(p));
   });
 }
 
@@ -106,7 +107,7 @@ int64_t resident_decode_clusters(const DecodeKernelId& id, int32_t n) {
 
 // The per-format translation units (decode_<format>.cu).
 struct DecodeFormatKernels {
-  void (*launch)(const DecodeParams& p, const DecodeKernelId& id, int64_t grid_x, int32_t cluster,
+  void (*launch)(const RunParams& p, const DecodeKernelId& id, int64_t grid_x, int32_t cluster,
                  cudaStream_t stream);
   int64_t (*resident_clusters)(const DecodeKernelId& id, int32_t n);
 };

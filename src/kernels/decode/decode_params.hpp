@@ -7,6 +7,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "metrale/codec.hpp"
 #include "plan/decode_geometry.hpp"
@@ -48,14 +49,21 @@ struct DecodeParams {
   int32_t num_splits;
   bf16* out;                 // single pass: [num_seqs, num_q_heads, D]
   float* workspace;          // split-K: records of D+2 floats (SYSTEM.md 4)
-  // Query runs and their options (the runs kernel only; decode_runs.cuh).
+  int32_t cluster_merge;     // split-K launched as clusters of its num_splits CTAs, which merge their
+                             // records through distributed shared memory into `out` (no workspace, no reduce)
+};
+
+// The runs kernel's parameters (decode_runs.cuh): the decode kernel's, which
+// stay as they are, and the query runs and their options.
+struct RunParams : DecodeParams {
   const int32_t* q_start;    // [num_seqs + 1] or null: one row per sequence
   const float* sinks;        // [num_q_heads] sink logits (natural log units), or null
   float softcap_scale;       // soft-cap c > 0: sm_scale * K factor / c (x = softcap_log2 * tanh(s * this))
   float softcap_log2;        // c * log2(e); 0: no soft-cap
   float* lse;                // [rows, num_q_heads] of the single pass, or null
-  int32_t cluster_merge;     // split-K launched as clusters of its num_splits CTAs, which merge their
-                             // records through distributed shared memory into `out` (no workspace, no reduce)
 };
+
+template <bool kRuns>
+using KernelParams = std::conditional_t<kRuns, RunParams, DecodeParams>;
 
 }  // namespace metrale::kernels
