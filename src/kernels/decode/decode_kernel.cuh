@@ -439,12 +439,14 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
   }
   if (p.cluster_merge) {
     if constexpr (kRuns) {
-      cluster_merge_records<kHD, true>(p, my_rec, cols, [&](int col) {
-        return ColumnRow{int64_t(rc.row(col)) * p.num_q_heads + rc.head(col), rc.head(col)};
+      const int32_t num_q_heads = p.num_q_heads;
+      cluster_merge_records<kHD, true>(p, my_rec, cols, [rc, num_q_heads](int col) {
+        return ColumnRow{int64_t(rc.row(col)) * num_q_heads + rc.head(col), rc.head(col)};
       });
     } else {
-      cluster_merge_records<kHD, false>(p, my_rec, cols, [&](int col) {
-        return ColumnRow{seq * p.num_q_heads + head0 + col, head0 + col};
+      const int64_t row0 = seq * p.num_q_heads + head0;  // the tile's first output row
+      cluster_merge_records<kHD, false>(p, my_rec, cols, [row0, head0](int col) {
+        return ColumnRow{row0 + col, head0 + col};
       });
     }
   }
