@@ -38,7 +38,7 @@ Quick tour::
 from ._arrays import MAX_SPLITS, from_bf16, make_layout, to_bf16
 from ._metrale import CudaError, DecodePlan, KvCacheLayout, KvFormat
 from .cache import Calibrator, PagedKVCache
-from .ops import (bf16_absmax, cpu_num_threads, cuda_available, decode, decode_reduce, decode_splitk,
+from .ops import (attend, bf16_absmax, cpu_num_threads, cuda_available, decode, decode_reduce, decode_splitk,
                   fp8_scale_from_absmax, nvfp4_global_scale_from_absmax, reshape_and_cache, set_cpu_num_threads,
                   splitk_workspace_bytes, validate_block_tables)
 from .planner import Planner
@@ -46,6 +46,7 @@ from .view import KVCacheView
 
 __all__ = [
     "CudaError",
+    "attend",
     "DecodePlan",
     "KvCacheLayout",
     "KvFormat",

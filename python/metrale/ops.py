@@ -137,6 +137,41 @@ def decode(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_lens: 
     return out
 
 
+def attend(q: ArrayLike, cache: KVCacheView, q_start: ArrayLike, block_tables: ArrayLike, seq_lens: ArrayLike,
+           out: Optional[ArrayLike] = None, *, sliding_window: int = 0, sm_scale: Optional[float] = None,
+           sinks: Optional[ArrayLike] = None, softcap: float = 0.0, lse: Optional[ArrayLike] = None,
+           max_q_len: int = 0, num_q_heads: Optional[int] = None, stream: Any = None):
+    """Query runs over the paged cache (SYSTEM.md 8; ``paged_attn``), single pass.
+
+    Sequence i's run is rows ``q_start[i] .. q_start[i+1]`` of q (int32
+    ``(num_seqs + 1,)``, non-decreasing, ``q_start[0] = 0``, at most
+    ``seq_lens[i]`` rows, their K/V already in the cache); row j of a run of n
+    sits at position ``L - n + j`` and attends ``[max(0, p + 1 - W), p]``.
+    ``sinks``: float32 ``(num_q_heads,)`` logits joining the softmax
+    denominator only (-inf: none); ``softcap`` c > 0 caps each logit to
+    ``c * tanh(s / c)``; ``lse``: optional float32 ``(rows, num_q_heads)``
+    receiving ``m + ln(l)``. ``max_q_len`` bounds every run (the GPU's grid;
+    0: the block table's capacity). Returns out ``(rows, num_q_heads, D)``.
+    """
+    view, hq, D = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
+    _require_array(q_start, "q_start")
+    out = _decode_out(q, out, hq, D)
+    if lse is not None:
+        _require_writable(lse, "lse")
+    _metrale.attend(None, _dl(q), hq, view.layout, _dl(view.k), _dl(view.v), view.scales, _dl(q_start),
+                    _dl(block_tables), _dl(seq_lens), _check_window(sliding_window), _sm_scale(sm_scale, D),
+                    None if sinks is None else _dl(sinks), _check_softcap(softcap), _dl(out),
+                    None if lse is None else _dl(lse), None, int(max_q_len), _stream_handle(q, stream))
+    return out
+
+
+def _check_softcap(softcap: Any) -> float:
+    c = float(softcap)
+    if not math.isfinite(c) or c < 0:
+        raise ValueError(f"'softcap' = {softcap!r}; expected a finite float >= 0 (0 = off)")
+    return c
+
+
 def decode_splitk(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_lens: ArrayLike,
                   workspace: ArrayLike, num_splits: int, *, sliding_window: int = 0,
                   sm_scale: Optional[float] = None, num_q_heads: Optional[int] = None, stream: Any = None):

@@ -10,7 +10,7 @@ from . import _metrale
 from ._metrale import KvCacheLayout
 from ._arrays import (_DLPACK_CPU, _DLPACK_CUDA, ArrayLike, _device_of, _dl, _empty, _parse_device, _require_array,
                       _stream_handle)
-from .ops import _check_window, _decode_inputs, _decode_out, _sm_scale
+from .ops import _check_softcap, _check_window, _decode_inputs, _decode_out, _sm_scale
 from .view import KVCacheView, _as_view, _layout_of
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class Planner:
     def __init__(self, num_seqs: int, num_q_heads: int, layout: Union[KvCacheLayout, KVCacheView, "PagedKVCache"],
                  max_seq_len: int, sliding_window: int = 0, device: Any = "cpu", *, allocate_workspace: bool = True,
                  num_splits: int = 0, pairing: str = "automatic", load_path: str = "automatic",
-                 merge: str = "automatic"):
+                 merge: str = "automatic", max_q_len: int = 1, num_q_rows: int = 0, attn_options: bool = False):
         layout = _layout_of(layout)
         if not isinstance(layout, KvCacheLayout):
             raise TypeError(f"'layout': expected a metrale.KvCacheLayout, got {type(layout).__name__}")
@@ -63,9 +63,11 @@ class Planner:
             if not isinstance(val, str):
                 raise TypeError(f"'{name}': expected a str, got {type(val).__name__}")
         device_index = -1 if self._device[0] == "cpu" else int(self._device[1])
+        if not isinstance(max_q_len, (int, np.integer)) or max_q_len < 1:
+            raise ValueError(f"'max_q_len' = {max_q_len!r}; expected an int >= 1 (1: decode)")
         self.plan = _metrale.plan_decode(self.num_seqs, self.num_q_heads, layout, self.max_seq_len,
                                          self.sliding_window, device_index, int(num_splits), pairing, load_path,
-                                         merge)
+                                         merge, int(max_q_len), int(num_q_rows), bool(attn_options))
         self.workspace = None
         if allocate_workspace and self.plan.workspace_bytes > 0:
             self.workspace = _empty(((self.plan.workspace_bytes + 3) // 4,), "float32", self._device)
@@ -115,6 +117,25 @@ class Planner:
         _metrale.run_decode(self.plan, _dl(q), view.layout, _dl(view.k), _dl(view.v), view.scales,
                             _dl(block_tables), _dl(seq_lens), _sm_scale(sm_scale, D), _dl(out),
                             None if workspace is None else _dl(workspace), _stream_handle(q, stream))
+        return out
+
+    def attend(self, q: ArrayLike, cache: KVCacheView, q_start: ArrayLike, block_tables: ArrayLike,
+               seq_lens: ArrayLike, out: Optional[ArrayLike] = None, workspace: Optional[ArrayLike] = None,
+               sm_scale: Optional[float] = None, *, sinks: Optional[ArrayLike] = None, softcap: float = 0.0,
+               lse: Optional[ArrayLike] = None, stream: Any = None):
+        """Query runs with this plan (``run_attn``); arguments as :func:`attend`. Plan with
+        ``max_q_len`` >= every run (and ``attn_options=True`` for sinks, soft-cap or lse). Returns out."""
+        view = _as_view(cache)
+        if workspace is None:
+            workspace = self.workspace
+        view, hq, D = _decode_inputs(q, view, block_tables, seq_lens, self.num_q_heads)
+        _require_array(q_start, "q_start")
+        out = _decode_out(q, out, hq, D)
+        _metrale.attend(self.plan, _dl(q), hq, view.layout, _dl(view.k), _dl(view.v), view.scales, _dl(q_start),
+                        _dl(block_tables), _dl(seq_lens), self.sliding_window, _sm_scale(sm_scale, D),
+                        None if sinks is None else _dl(sinks), _check_softcap(softcap), _dl(out),
+                        None if lse is None else _dl(lse), None if workspace is None else _dl(workspace),
+                        int(self.plan.max_q_len), _stream_handle(q, stream))
         return out
 
     def __repr__(self) -> str:

@@ -465,6 +465,96 @@ void run_decode(const DecodePlan& plan, const In& q, const KvCacheLayout& layout
   cuda::run_decode(plan, b.args, ws, as_stream(stream));
 }
 
+// Query runs (SYSTEM.md 8): paged_attn (plan null) or run_attn with `plan`.
+void attend(const DecodePlan* plan, const In& q, int32_t num_q_heads, const KvCacheLayout& layout,
+            const In& k_cache, const In& v_cache, const ScalesTuple& scales, const In& q_start,
+            const In& block_tables, const In& seq_lens, int32_t sliding_window, float sm_scale,
+            std::optional<In> sinks, float softcap, const Out& out, std::optional<Out> lse,
+            std::optional<Out> workspace, int32_t max_q_len, uintptr_t stream) {
+  layout.validate();
+  DeviceCheck dc;
+  dc.add(q, "q");
+  dc.add(k_cache, "k_cache");
+  dc.add(v_cache, "v_cache");
+  dc.add(q_start, "q_start");
+  dc.add(block_tables, "block_tables");
+  dc.add(seq_lens, "seq_lens");
+  dc.add(out, "out");
+  if (sinks) dc.add(*sinks, "sinks");
+  if (lse) dc.add(*lse, "lse");
+  if (workspace) dc.add(*workspace, "workspace");
+  const int64_t D = layout.head_dim;
+  if (num_q_heads <= 0 || num_q_heads % layout.num_kv_heads != 0)
+    value_error("'num_q_heads' = ", num_q_heads, "; expected a positive multiple of the cache's num_kv_heads = ",
+                layout.num_kv_heads);
+  const Rows qr = bf16_rows(q, "q", num_q_heads, D);
+  check_dtype(block_tables, "block_tables", nb::dlpack::dtype_code::Int, 32, "int32");
+  if (block_tables.ndim() != 2 || block_tables.shape(1) < 1 || !c_contiguous(block_tables))
+    value_error("'block_tables': expected a C-contiguous int32 array of shape (num_seqs, max_blocks_per_seq >= 1),"
+                " got shape ", shape_str(block_tables));
+  const int64_t num_seqs = block_tables.shape(0);
+  check_dtype(seq_lens, "seq_lens", nb::dlpack::dtype_code::Int, 32, "int32");
+  if (seq_lens.ndim() != 1 || seq_lens.shape(0) != num_seqs || !c_contiguous(seq_lens))
+    value_error("'seq_lens': expected a contiguous int32 array of shape (", num_seqs, ",), got shape ",
+                shape_str(seq_lens));
+  check_dtype(q_start, "q_start", nb::dlpack::dtype_code::Int, 32, "int32");
+  if (q_start.ndim() != 1 || q_start.shape(0) != num_seqs + 1 || !c_contiguous(q_start))
+    value_error("'q_start': expected a contiguous int32 array of shape (num_seqs + 1 = ", num_seqs + 1,
+                ",), got shape ", shape_str(q_start));
+  check_bf16(out, "out");
+  check_contiguous(out, "out");
+  if (!((out.ndim() == 3 && out.shape(0) == qr.num_rows && out.shape(1) == num_q_heads && out.shape(2) == D) ||
+        (out.ndim() == 2 && out.shape(0) == qr.num_rows && out.shape(1) == num_q_heads * D)))
+    value_error("'out': expected shape (", qr.num_rows, ", ", num_q_heads, ", ", D, "), got shape ", shape_str(out));
+  PagedAttnArgs a;
+  a.q = static_cast<const bf16*>(qr.ptr);
+  a.q_stride = qr.stride;
+  a.q_start = static_cast<const int32_t*>(q_start.data());
+  a.num_seqs = int32_t(num_seqs);
+  a.num_q_rows = int32_t(qr.num_rows);
+  a.num_q_heads = num_q_heads;
+  a.cache = make_view(layout, k_cache, v_cache, scales);
+  a.block_tables = static_cast<const int32_t*>(block_tables.data());
+  a.max_blocks_per_seq = int32_t(block_tables.shape(1));
+  a.seq_lens = static_cast<const int32_t*>(seq_lens.data());
+  a.sliding_window = sliding_window;
+  a.sm_scale = sm_scale;
+  a.softcap = softcap;
+  a.max_q_len = max_q_len;
+  a.out = static_cast<bf16*>(out.data());
+  if (sinks) {
+    check_dtype(*sinks, "sinks", nb::dlpack::dtype_code::Float, 32, "float32");
+    if (sinks->ndim() != 1 || sinks->shape(0) != num_q_heads || !c_contiguous(*sinks))
+      value_error("'sinks': expected a contiguous float32 array of shape (", num_q_heads, ",), got shape ",
+                  shape_str(*sinks));
+    a.sinks = static_cast<const float*>(sinks->data());
+  }
+  if (lse) {
+    check_dtype(*lse, "lse", nb::dlpack::dtype_code::Float, 32, "float32");
+    check_contiguous(*lse, "lse");
+    if (nbytes(*lse) != qr.num_rows * num_q_heads * 4)
+      value_error("'lse': expected ", qr.num_rows, " x ", num_q_heads, " float32, got shape ", shape_str(*lse));
+    a.lse = static_cast<float*>(lse->data());
+  }
+  SplitKWorkspace ws;
+  if (plan && plan->merge == DecodeMerge::workspace) {
+    if (!workspace) value_error("'workspace': required (the plan merges ", plan->num_splits, " splits through it)");
+    check_dtype(*workspace, "workspace", nb::dlpack::dtype_code::Float, 32, "float32");
+    check_contiguous(*workspace, "workspace");
+    ws.data = static_cast<float*>(workspace->data());
+    ws.bytes = size_t(nbytes(*workspace));
+    ws.num_splits = plan->num_splits;
+  }
+  if (dc.w.dev == Dev::cpu) {
+    nb::gil_scoped_release nogil;
+    if (plan) return cpu::run_attn(*plan, a, ws);
+    return cpu::paged_attn(a);
+  }
+  DeviceGuard g(dc.w);
+  if (plan) return cuda::run_attn(*plan, a, ws, as_stream(stream));
+  cuda::paged_attn(a, as_stream(stream));
+}
+
 void reduce(const In& workspace, int32_t num_q_heads, int32_t head_dim, int32_t num_splits, const Out& out,
             uintptr_t stream) {
   DeviceCheck dc;
@@ -640,6 +730,8 @@ NB_MODULE(_metrale, m) {
         return std::make_tuple(p.grid_x(p.problem.num_seqs), p.num_splits);
       })
       .def_ro("workspace_bytes", &DecodePlan::workspace_bytes)
+      .def_prop_ro("max_q_len", [](const DecodePlan& p) { return p.problem.max_q_len; })
+      .def_prop_ro("runs_kernel", [](const DecodePlan& p) { return p.kernel().runs; })
       .def("__repr__", [](const DecodePlan& p) {
         return concat("DecodePlan(num_splits=", p.num_splits, ", merge=", to_string(p.merge),
                       ", load_path=", to_string(p.load_path), ", pair_kv_heads=", p.pair_kv_heads ? "True" : "False",
@@ -652,13 +744,17 @@ NB_MODULE(_metrale, m) {
       "plan_decode",
       [](int32_t num_seqs, int32_t num_q_heads, const KvCacheLayout& layout, int32_t max_seq_len,
          int32_t sliding_window, int32_t device, int32_t num_splits, const std::string& pairing,
-         const std::string& load_path, const std::string& merge) {
+         const std::string& load_path, const std::string& merge, int32_t max_q_len, int32_t num_q_rows,
+         bool attn_options) {
         DecodeProblem p;
         p.num_seqs = num_seqs;
         p.num_q_heads = num_q_heads;
         p.layout = layout;
         p.max_seq_len = max_seq_len;
         p.sliding_window = sliding_window;
+        p.max_q_len = max_q_len;
+        p.num_q_rows = num_q_rows;
+        p.attn_options = attn_options;
         DecodePlanOptions o;
         o.num_splits = num_splits;
         o.pairing = parse_choice<DecodePairing>(pairing, "pairing",
@@ -676,7 +772,12 @@ NB_MODULE(_metrale, m) {
       },
       nb::arg("num_seqs"), nb::arg("num_q_heads"), nb::arg("layout"), nb::arg("max_seq_len"),
       nb::arg("sliding_window"), nb::arg("device"), nb::arg("num_splits"), nb::arg("pairing"), nb::arg("load_path"),
-      nb::arg("merge"));
+      nb::arg("merge"), nb::arg("max_q_len") = 1, nb::arg("num_q_rows") = 0, nb::arg("attn_options") = false);
+  m.def("attend", &attend, nb::arg("plan").none(), nb::arg("q"), nb::arg("num_q_heads"), nb::arg("layout"),
+        nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("q_start"), nb::arg("block_tables"),
+        nb::arg("seq_lens"), nb::arg("sliding_window"), nb::arg("sm_scale"), nb::arg("sinks").none(),
+        nb::arg("softcap"), nb::arg("out"), nb::arg("lse").none(), nb::arg("workspace").none(),
+        nb::arg("max_q_len"), nb::arg("stream"));
 
   m.def("cpu_num_threads", &cpu::num_threads);
   m.def("cpu_set_num_threads", &cpu::set_num_threads, nb::arg("n"));

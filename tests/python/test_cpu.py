@@ -519,3 +519,33 @@ def test_planner_binds_the_plan_and_its_options(rng):
         metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", load_path="tma")
     with pytest.raises(ValueError, match="num_splits"):
         metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=-1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_attend_rows_are_decodes_of_their_prefixes(rng, fmt):
+    b = Batch(rng, fmt, num_seqs=3, lens=[40, 0, 90], max_len=90, Hq=8, Hkv=2, D=64, B=16)
+    runs = np.array([3, 0, 5], dtype=np.int32)
+    q_start = np.concatenate([[0], np.cumsum(runs)]).astype(np.int32)
+    rows = int(q_start[-1])
+    q = ref.bf16_bits(rng.standard_normal((rows, 8, 64)))
+    lse = np.full((rows, 8), np.nan, dtype=np.float32)
+    out = metrale.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, lse=lse, sliding_window=20)
+    assert out.shape == (rows, 8, 64) and np.isfinite(lse).all()
+    for s in range(3):
+        for j in range(int(runs[s])):
+            row = int(q_start[s]) + j
+            pos_len = np.array([int(b.seq_lens[s]) - int(runs[s]) + j + 1], dtype=np.int32)
+            one = metrale.decode(q[row:row + 1], b.cache.layer(0), b.block_tables[s:s + 1], pos_len,
+                                 sliding_window=20)
+            assert np.array_equal(one[0], out[row]), (s, j)
+    # The planner's plan for runs of up to 5 rows, split-K: the same within rounding; -inf sinks are none.
+    plan = metrale.Planner(3, 8, b.cache.layout, 90, sliding_window=20, device="cpu", num_splits=3, max_q_len=5,
+                           num_q_rows=rows, attn_options=True)
+    assert plan.plan.max_q_len == 5 and plan.plan.runs_kernel
+    sinks = np.full(8, -np.inf, dtype=np.float32)
+    split = plan.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, sinks=sinks)
+    np.testing.assert_allclose(metrale.from_bf16(split), metrale.from_bf16(out), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="q_start"):
+        metrale.attend(q, b.cache.layer(0), np.array([0, 5, 3, 8], dtype=np.int32), b.block_tables, b.seq_lens)
+    with pytest.raises(ValueError, match="softcap"):
+        metrale.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, softcap=-1.0)
