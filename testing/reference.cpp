@@ -44,6 +44,18 @@ const uint8_t* page_of(const DecodeArgs& a, bool is_v, int32_t seq, int32_t pos)
   return static_cast<const uint8_t*>(is_v ? a.cache.v : a.cache.k) + id * l.page_stride_bytes;
 }
 
+// Sequences are independent: spread them over the host's cores.
+template <class F>
+void for_each_seq(int32_t S, const F& one_seq) {
+  const int32_t workers = std::max(1, std::min<int32_t>(S, int32_t(std::thread::hardware_concurrency())));
+  std::vector<std::thread> pool;
+  for (int32_t w = 0; w < workers; ++w)
+    pool.emplace_back([&, w] {
+      for (int32_t s = w; s < S; s += workers) one_seq(s);
+    });
+  for (auto& t : pool) t.join();
+}
+
 }  // namespace
 
 KvRows cache_rows(const DecodeArgs& a) {
@@ -96,14 +108,7 @@ std::vector<double> attention_f64(const DecodeArgs& a, const KvRows& rows) {
       }
     }
   };
-  // Sequences are independent: spread them over the host's cores.
-  const int32_t workers = std::max(1, std::min<int32_t>(S, int32_t(std::thread::hardware_concurrency())));
-  std::vector<std::thread> pool;
-  for (int32_t w = 0; w < workers; ++w)
-    pool.emplace_back([&, w] {
-      for (int32_t s = w; s < S; s += workers) one_seq(s);
-    });
-  for (auto& t : pool) t.join();
+  for_each_seq(S, one_seq);
   return out;
 }
 
@@ -169,14 +174,7 @@ std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& row
       }
     }
   };
-  const int32_t S = a.num_seqs;
-  const int32_t workers = std::max(1, std::min<int32_t>(S, int32_t(std::thread::hardware_concurrency())));
-  std::vector<std::thread> pool;
-  for (int32_t w = 0; w < workers; ++w)
-    pool.emplace_back([&, w] {
-      for (int32_t s = w; s < S; s += workers) one_seq(s);
-    });
-  for (auto& t : pool) t.join();
+  for_each_seq(a.num_seqs, one_seq);
   return out;
 }
 

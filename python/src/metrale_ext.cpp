@@ -336,6 +336,19 @@ E parse_choice(const std::string& name, const char* arg, std::initializer_list<s
   value_error("'", arg, "' = '", name, "'; expected one of ", names);
 }
 
+// block_tables int32 [num_seqs, max_blocks_per_seq >= 1], seq_lens int32 [num_seqs].
+void check_tables(const In& block_tables, const In& seq_lens, int64_t num_seqs) {
+  check_dtype(block_tables, "block_tables", nb::dlpack::dtype_code::Int, 32, "int32");
+  if (block_tables.ndim() != 2 || block_tables.shape(0) != num_seqs || block_tables.shape(1) < 1 ||
+      !c_contiguous(block_tables))
+    value_error("'block_tables': expected a C-contiguous int32 array of shape (num_seqs = ", num_seqs,
+                ", max_blocks_per_seq >= 1), got shape ", shape_str(block_tables));
+  check_dtype(seq_lens, "seq_lens", nb::dlpack::dtype_code::Int, 32, "int32");
+  if (seq_lens.ndim() != 1 || seq_lens.shape(0) != num_seqs || !c_contiguous(seq_lens))
+    value_error("'seq_lens': expected a contiguous int32 array of shape (", num_seqs, ",), got shape ",
+                shape_str(seq_lens));
+}
+
 // A decode call's arguments, checked and converted once: the DecodeArgs and
 // where they live. `out` is unused (may be anything) for the split-K pass.
 struct BoundDecode {
@@ -362,15 +375,7 @@ BoundDecode bind_decode(const In& q, int32_t num_q_heads, const KvCacheLayout& l
   const Rows qr = bf16_rows(q, "q", num_q_heads, D);
   const int64_t num_seqs = qr.num_rows;
 
-  check_dtype(block_tables, "block_tables", nb::dlpack::dtype_code::Int, 32, "int32");
-  if (block_tables.ndim() != 2 || block_tables.shape(0) != num_seqs || block_tables.shape(1) < 1 ||
-      !c_contiguous(block_tables))
-    value_error("'block_tables': expected a C-contiguous int32 array of shape (num_seqs = ", num_seqs,
-                ", max_blocks_per_seq >= 1), got shape ", shape_str(block_tables));
-  check_dtype(seq_lens, "seq_lens", nb::dlpack::dtype_code::Int, 32, "int32");
-  if (seq_lens.ndim() != 1 || seq_lens.shape(0) != num_seqs || !c_contiguous(seq_lens))
-    value_error("'seq_lens': expected a contiguous int32 array of shape (", num_seqs, ",), got shape ",
-                shape_str(seq_lens));
+  check_tables(block_tables, seq_lens, num_seqs);
 
   DecodeArgs& a = b.args;
   a.q = static_cast<const bf16*>(qr.ptr);
@@ -488,15 +493,8 @@ void attend(const DecodePlan* plan, const In& q, int32_t num_q_heads, const KvCa
     value_error("'num_q_heads' = ", num_q_heads, "; expected a positive multiple of the cache's num_kv_heads = ",
                 layout.num_kv_heads);
   const Rows qr = bf16_rows(q, "q", num_q_heads, D);
-  check_dtype(block_tables, "block_tables", nb::dlpack::dtype_code::Int, 32, "int32");
-  if (block_tables.ndim() != 2 || block_tables.shape(1) < 1 || !c_contiguous(block_tables))
-    value_error("'block_tables': expected a C-contiguous int32 array of shape (num_seqs, max_blocks_per_seq >= 1),"
-                " got shape ", shape_str(block_tables));
-  const int64_t num_seqs = block_tables.shape(0);
-  check_dtype(seq_lens, "seq_lens", nb::dlpack::dtype_code::Int, 32, "int32");
-  if (seq_lens.ndim() != 1 || seq_lens.shape(0) != num_seqs || !c_contiguous(seq_lens))
-    value_error("'seq_lens': expected a contiguous int32 array of shape (", num_seqs, ",), got shape ",
-                shape_str(seq_lens));
+  const int64_t num_seqs = block_tables.ndim() == 2 ? block_tables.shape(0) : -1;
+  check_tables(block_tables, seq_lens, num_seqs);
   check_dtype(q_start, "q_start", nb::dlpack::dtype_code::Int, 32, "int32");
   if (q_start.ndim() != 1 || q_start.shape(0) != num_seqs + 1 || !c_contiguous(q_start))
     value_error("'q_start': expected a contiguous int32 array of shape (num_seqs + 1 = ", num_seqs + 1,
