@@ -34,11 +34,11 @@ class Calibrator:
             if self._dev is None:
                 self._dev = _empty((2,), "float32", ("cuda", _device_of(key)[1]), zero=True)
             s = _stream_handle(key, stream)
-            _metrale.bf16_absmax(_dl(key), _dl(self._dev[0:1]), s)
-            _metrale.bf16_absmax(_dl(value), _dl(self._dev[1:2]), s)
+            _metrale.bf16_absmax(_dl(key), _dl(self._dev[0:1]), s, "key")
+            _metrale.bf16_absmax(_dl(value), _dl(self._dev[1:2]), s, "value")
         else:
-            _metrale.bf16_absmax(key, self._cpu[0:1], 0)
-            _metrale.bf16_absmax(value, self._cpu[1:2], 0)
+            _metrale.bf16_absmax(key, self._cpu[0:1], 0, "key")
+            _metrale.bf16_absmax(value, self._cpu[1:2], 0, "value")
 
     def reset(self) -> None:
         self._cpu[:] = 0
@@ -93,6 +93,7 @@ class PagedKVCache:
         self._scales = [[float(k_scale), float(v_scale), float(k_global_scale), float(v_global_scale)]
                         for _ in range(num_layers)]
         self._calib = [Calibrator() for _ in range(num_layers)]
+        self._written = [False] * num_layers  # a layer holds tokens: its scales are fixed
 
     # ---- shape & sizes
     @property
@@ -156,11 +157,24 @@ class PagedKVCache:
         s = self._scales[self._check_layer(layer)]
         return {"k_scale": s[0], "v_scale": s[1], "k_global_scale": s[2], "v_global_scale": s[3]}
 
+    def _check_unwritten(self, layers, force: bool, what: str) -> None:
+        """Scales give the cached codes their meaning: changing them after a write
+        would silently change every token already in the layer."""
+        if force:
+            return
+        for i in layers:
+            if self._written[i]:
+                raise ValueError(f"'layer' = {i}: {what} after tokens were written would change the meaning of "
+                                 "the cached codes; set the scales before the first write (calibrate from the "
+                                 "prompt), or pass force=True after rewriting the layer")
+
     def set_scales(self, layer: Optional[int] = None, *, k_scale: Optional[float] = None,
                    v_scale: Optional[float] = None, k_global_scale: Optional[float] = None,
-                   v_global_scale: Optional[float] = None) -> None:
-        """Sets the given scales of `layer` (all layers when None); each must be finite and > 0."""
+                   v_global_scale: Optional[float] = None, force: bool = False) -> None:
+        """Sets the given scales of `layer` (all layers when None); each must be finite and > 0.
+        Refused on a layer that holds tokens unless ``force``."""
         layers = range(self.num_layers) if layer is None else [self._check_layer(layer)]
+        given = []
         for idx, (name, val) in enumerate((("k_scale", k_scale), ("v_scale", v_scale),
                                            ("k_global_scale", k_global_scale),
                                            ("v_global_scale", v_global_scale))):
@@ -168,19 +182,29 @@ class PagedKVCache:
                 continue
             if not (isinstance(val, (int, float, np.floating)) and math.isfinite(val) and val > 0):
                 raise ValueError(f"'{name}' = {val!r}; expected a finite float > 0")
+            given.append((idx, float(val)))
+        self._check_unwritten(layers, force, "setting scales")
+        for idx, val in given:
             for i in layers:
-                self._scales[i][idx] = float(val)
+                self._scales[i][idx] = val
 
     def calibrate(self, key: ArrayLike, value: ArrayLike, layer: Optional[int] = None, *,
-                  stream: Any = None) -> dict:
+                  stream: Any = None, force: bool = False) -> dict:
         """Folds a calibration batch of bf16 K and V rows into the running absmax of
         `layer` (every layer when None) and sets that layer's scales from it:
         FP8 ``k_scale = absmax_k / 448``; NVFP4 ``k_global_scale = absmax_k /
         (448 * 6)`` (the same for V); BF16 has none. On CUDA this reads the
         absmax back (synchronises); calibration is not part of the decode path.
         Returns the scales of the (first) calibrated layer.
+
+        Policy: calibrate each layer from its prompt's K and V before the first
+        write; the scales then stay fixed for the cache's life (values past the
+        calibrated range saturate at the format's largest code). Calibrating a
+        layer that holds tokens is refused unless ``force`` (after which the
+        caller rewrites the layer).
         """
         layers = range(self.num_layers) if layer is None else [self._check_layer(layer)]
+        self._check_unwritten(layers, force, "re-calibrating")
         for i in layers:
             c = self._calib[i]
             c.observe(key, value, stream=stream)
@@ -198,7 +222,9 @@ class PagedKVCache:
     def write(self, layer: int, key: ArrayLike, value: ArrayLike, slot_mapping: ArrayLike, *,
               skipped: Optional[ArrayLike] = None, stream: Any = None) -> Optional[int]:
         """reshape_and_cache into `layer`; see :func:`reshape_and_cache`."""
-        return reshape_and_cache(key, value, slot_mapping, self.layer(layer), skipped=skipped, stream=stream)
+        r = reshape_and_cache(key, value, slot_mapping, self.layer(layer), skipped=skipped, stream=stream)
+        self._written[self._check_layer(layer)] = True
+        return r
 
     def __repr__(self) -> str:
         return (f"PagedKVCache(format={_metrale_format_name(self.format)!r}, layers={self.num_layers}, "

@@ -88,6 +88,8 @@ def _q_heads(q: Any, head_dim: int, num_q_heads: Optional[int]) -> int:
         return int(num_q_heads)
     if len(shape) == 3:
         return int(shape[1])
+    if len(shape) == 4 and 1 in shape[1:3]:  # (batch, heads, 1, D) or (batch, 1, heads, D)
+        return int(shape[2] if shape[1] == 1 else shape[1])
     if len(shape) == 2 and head_dim > 0 and shape[1] % head_dim == 0:
         return int(shape[1] // head_dim)
     raise ValueError(f"'q': expected shape (num_seqs, num_q_heads, {head_dim}), got {shape}")

@@ -17,6 +17,18 @@ if TYPE_CHECKING:
     from .cache import PagedKVCache
 
 
+def _cache_device(cache: Any) -> str:
+    """Where a PagedKVCache or a KVCacheView lives ('cpu' for a bare layout)."""
+    dev = getattr(cache, "device", None)
+    if isinstance(dev, str):
+        return dev
+    k = getattr(cache, "k", None)
+    if k is not None and not isinstance(k, (int, float)):
+        d = _device_of(k)
+        return "cpu" if d[0] == _DLPACK_CPU else f"cuda:{d[1]}"
+    return "cpu"
+
+
 class Planner:
     """The decode plan of one batch shape, made once and reused for every layer.
 
@@ -38,9 +50,11 @@ class Planner:
     """
 
     def __init__(self, num_seqs: int, num_q_heads: int, layout: Union[KvCacheLayout, KVCacheView, "PagedKVCache"],
-                 max_seq_len: int, sliding_window: int = 0, device: Any = "cpu", *, allocate_workspace: bool = True,
+                 max_seq_len: int, sliding_window: int = 0, device: Any = None, *, allocate_workspace: bool = True,
                  num_splits: int = 0, pairing: str = "automatic", load_path: str = "automatic",
                  merge: str = "automatic", max_q_len: int = 1, num_q_rows: int = 0, attn_options: bool = False):
+        if device is None:  # the cache's device (a bare layout: the CPU)
+            device = _cache_device(layout)
         layout = _layout_of(layout)
         if not isinstance(layout, KvCacheLayout):
             raise TypeError(f"'layout': expected a metrale.KvCacheLayout, got {type(layout).__name__}")
@@ -86,9 +100,11 @@ class Planner:
 
     def run(self, q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_lens: ArrayLike,
             out: Optional[ArrayLike] = None, workspace: Optional[ArrayLike] = None, sm_scale: Optional[float] = None,
-            *, stream: Any = None):
+            *, sliding_window: Optional[int] = None, stream: Any = None):
         """Decode one layer with this plan; arguments as :func:`decode`. ``workspace``
-        (float32, >= workspace_bytes) defaults to the planner's own. Returns out."""
+        (float32, >= workspace_bytes) defaults to the planner's own. ``sliding_window``:
+        the layer's window (default the planner's): one plan serves a model mixing
+        full and windowed layers (the window only tunes the split count). Returns out."""
         view = _as_view(cache)
         lay = view.layout
         if (lay.format != self.layout.format or lay.block_size != self.layout.block_size
@@ -114,9 +130,10 @@ class Planner:
         out = _decode_out(q, out, hq, D)
         if workspace is not None:
             _require_array(workspace, "workspace")
+        window = self.sliding_window if sliding_window is None else _check_window(sliding_window)
         _metrale.run_decode(self.plan, _dl(q), view.layout, _dl(view.k), _dl(view.v), view.scales,
                             _dl(block_tables), _dl(seq_lens), _sm_scale(sm_scale, D), _dl(out),
-                            None if workspace is None else _dl(workspace), _stream_handle(q, stream))
+                            None if workspace is None else _dl(workspace), window, _stream_handle(q, stream))
         return out
 
     def attend(self, q: ArrayLike, cache: KVCacheView, q_start: ArrayLike, block_tables: ArrayLike,

@@ -180,9 +180,15 @@ Rows bf16_rows(const A& a, const char* name, int64_t heads, int64_t dim) {
   } else if (a.ndim() == 3) {
     ok = a.shape(1) == heads && a.shape(2) == dim && (dim == 1 || stride(a, 2) == 1) &&
          (heads == 1 || stride(a, 1) == dim);
+  } else if (a.ndim() == 4 && (a.shape(1) == 1 || a.shape(2) == 1)) {
+    // transformers' (batch, heads, 1, dim) query and (batch, 1, heads, dim) output
+    const size_t h = a.shape(1) == 1 ? 2 : 1;
+    ok = a.shape(h) == heads && a.shape(3) == dim && (dim == 1 || stride(a, 3) == 1) &&
+         (heads == 1 || stride(a, h) == dim);
   }
   if (!ok)
-    value_error("'", name, "': expected shape (rows, ", heads, ", ", dim, ") or (rows, ", row,
+    value_error("'", name, "': expected shape (rows, ", heads, ", ", dim, "), (rows, ", row, "), (rows, ", heads,
+                ", 1, ", dim, ") or (rows, 1, ", heads, ", ", dim,
                 ") with each row's values contiguous, got shape ", shape_str(a), " strides ", strides_str(a));
   const int64_t n = a.shape(0);
   int64_t row_stride = stride(a, 0);
@@ -282,11 +288,12 @@ int64_t reshape_and_cache(const In& key, const In& value, const In& slot_mapping
   return -1;
 }
 
-void bf16_absmax(const In& x, const Out& absmax, uintptr_t stream) {
+void bf16_absmax(const In& x, const Out& absmax, uintptr_t stream, const std::string& name) {
+  const char* xname = name.c_str();
   DeviceCheck dc;
-  dc.add(x, "x");
+  dc.add(x, xname);
   dc.add(absmax, "absmax");
-  check_bf16(x, "x");
+  check_bf16(x, xname);
   check_dtype(absmax, "absmax", nb::dlpack::dtype_code::Float, 32, "float32");
   if (nbytes(absmax) < 4) value_error("'absmax': expected a float32 array of at least 1 element");
   // Rows: the last dimension contiguous; leading dimensions collapse when
@@ -307,7 +314,7 @@ void bf16_absmax(const In& x, const Out& absmax, uintptr_t stream) {
       expect *= x.shape(i);
     }
     if (!ok || stride(x, 0) < expect)
-      value_error("'x': expected rows of contiguous values (only the first dimension strided), got shape ",
+      value_error("'", name, "': expected rows of contiguous values (only the first dimension strided), got shape ",
                   shape_str(x), " strides ", strides_str(x));
     num_rows = x.shape(0);
     row_len = expect;
@@ -390,12 +397,10 @@ BoundDecode bind_decode(const In& q, int32_t num_q_heads, const KvCacheLayout& l
   a.sm_scale = sm_scale;
 
   if (out) {
-    check_bf16(*out, "out");
-    const bool shape_ok = (out->ndim() == 3 && out->shape(0) == num_seqs && out->shape(1) == num_q_heads &&
-                           out->shape(2) == D) ||
-                          (out->ndim() == 2 && out->shape(0) == num_seqs && out->shape(1) == num_q_heads * D);
-    if (!shape_ok)
-      value_error("'out': expected shape (", num_seqs, ", ", num_q_heads, ", ", D, "), got shape ", shape_str(*out));
+    const Rows orow = bf16_rows(*out, "out", num_q_heads, D);
+    if (orow.num_rows != num_seqs)
+      value_error("'out': expected ", num_seqs, " rows of shape (", num_q_heads, ", ", D, "), got shape ",
+                  shape_str(*out));
     check_contiguous(*out, "out");
     a.out = static_cast<bf16*>(out->data());
   }
@@ -453,9 +458,10 @@ void decode_splitk(const In& q, int32_t num_q_heads, const KvCacheLayout& layout
 
 void run_decode(const DecodePlan& plan, const In& q, const KvCacheLayout& layout, const In& k_cache,
                 const In& v_cache, const ScalesTuple& scales, const In& block_tables, const In& seq_lens,
-                float sm_scale, const Out& out, std::optional<Out> workspace, uintptr_t stream) {
+                float sm_scale, const Out& out, std::optional<Out> workspace, int32_t sliding_window,
+                uintptr_t stream) {
   BoundDecode b = bind_decode(q, plan.problem.num_q_heads, layout, k_cache, v_cache, scales, block_tables, seq_lens,
-                              plan.problem.sliding_window, sm_scale, &out);
+                              sliding_window, sm_scale, &out);
   SplitKWorkspace ws;
   if (plan.merge == DecodeMerge::workspace) {
     if (workspace) b.where.add(*workspace, "workspace");
@@ -794,7 +800,7 @@ NB_MODULE(_metrale, m) {
   m.def("reshape_and_cache", &reshape_and_cache, nb::arg("key"), nb::arg("value"), nb::arg("slot_mapping"),
         nb::arg("layout"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("skipped").none(),
         nb::arg("stream"));
-  m.def("bf16_absmax", &bf16_absmax, nb::arg("x"), nb::arg("absmax"), nb::arg("stream"));
+  m.def("bf16_absmax", &bf16_absmax, nb::arg("x"), nb::arg("absmax"), nb::arg("stream"), nb::arg("name") = "x");
   m.def("decode_single", &decode_single, nb::arg("q"), nb::arg("num_q_heads"), nb::arg("layout"),
         nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("block_tables"), nb::arg("seq_lens"),
         nb::arg("sliding_window"), nb::arg("sm_scale"), nb::arg("out"), nb::arg("stream"));
@@ -804,7 +810,7 @@ NB_MODULE(_metrale, m) {
         nb::arg("stream"));
   m.def("run_decode", &run_decode, nb::arg("plan"), nb::arg("q"), nb::arg("layout"), nb::arg("k_cache"),
         nb::arg("v_cache"), nb::arg("scales"), nb::arg("block_tables"), nb::arg("seq_lens"), nb::arg("sm_scale"),
-        nb::arg("out"), nb::arg("workspace").none(), nb::arg("stream"));
+        nb::arg("out"), nb::arg("workspace").none(), nb::arg("sliding_window"), nb::arg("stream"));
   m.def("reduce", &reduce, nb::arg("workspace"), nb::arg("num_q_heads"), nb::arg("head_dim"), nb::arg("num_splits"),
         nb::arg("out"), nb::arg("stream"));
   m.def("validate_block_tables", &validate_tables, nb::arg("layout"), nb::arg("block_tables"), nb::arg("seq_lens"),

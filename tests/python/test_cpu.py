@@ -549,3 +549,33 @@ def test_attend_rows_are_decodes_of_their_prefixes(rng, fmt):
         metrale.attend(q, b.cache.layer(0), np.array([0, 5, 3, 8], dtype=np.int32), b.block_tables, b.seq_lens)
     with pytest.raises(ValueError, match="softcap"):
         metrale.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, softcap=-1.0)
+
+
+def test_client_api_fixes(rng):
+    """Issue 19's rough edges: transformers' 4-D shapes, the layer's window per run,
+    scales fixed once tokens are written, calibration errors naming the argument,
+    the planner's device taken from the cache."""
+    b = Batch(rng, "fp8", num_seqs=3, lens=[50, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
+    ref_out = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    q4 = b.q.reshape(3, 8, 1, 64)                    # (batch, heads, 1, D)
+    out4 = np.empty((3, 1, 8, 64), dtype=np.uint16)  # (batch, 1, heads, D)
+    metrale.decode(q4, b.cache.layer(0), b.block_tables, b.seq_lens, out4)
+    assert np.array_equal(out4.reshape(3, 8, 64), ref_out)
+    # One plan, the layer's own window per run.
+    plan = metrale.Planner(3, 8, b.cache, 70)
+    assert plan.device == "cpu"  # the cache's device
+    win = plan.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=16)
+    want = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=16)
+    np.testing.assert_allclose(metrale.from_bf16(win), metrale.from_bf16(want), rtol=2e-2, atol=2e-2)
+    # Scales are fixed once a layer holds tokens.
+    with pytest.raises(ValueError, match=r"'layer' = 0.*re-calibrating"):
+        b.cache.calibrate(b.key, b.value)
+    with pytest.raises(ValueError, match=r"setting scales"):
+        b.cache.set_scales(0, k_scale=2.0)
+    b.cache.set_scales(0, k_scale=2.0, force=True)
+    assert b.cache.scales(0)["k_scale"] == 2.0
+    # Calibration names its own arguments.
+    fresh = metrale.PagedKVCache("fp8", 4, 16, 2, 64)
+    strided = np.zeros((4, 2, 128), dtype=np.uint16)[:, :, ::2]
+    with pytest.raises(ValueError, match=r"'key'"):
+        fresh.calibrate(strided, strided)
