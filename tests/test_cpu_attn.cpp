@@ -139,9 +139,9 @@ TEST(CpuAttn, NeutralSinksAndSoftCap) {
           << to_string(f) << " softcap 1e6";
     // A large sink takes the mass: the output shrinks toward 0.
     rp.softcap = 0.0f;
-    rp.sinks.assign(c.num_q_heads(), 30.0f);
+    rp.sinks.assign(c.num_q_heads(), 80.0f);  // far above every logit (outlier channels reach ~20)
     cpu::paged_attn(rp.args(got.data()));
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_LT(std::abs(codec::bf16_to_float(got[i])), 1e-4f);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_LT(std::abs(codec::bf16_to_float(got[i])), 1e-6f);
   }
 }
 
