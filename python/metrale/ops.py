@@ -5,6 +5,7 @@ reduce), the block-table check, backend queries.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -96,10 +97,15 @@ def _q_heads(q: Any, head_dim: int, num_q_heads: Optional[int]) -> int:
 
 
 def _default_out(q: Any, num_q_heads: int, head_dim: int):
+    """The output of a call with out=None, of q's array type: a torch bf16 tensor
+    for a torch q (CPU or CUDA), else NumPy uint16 bf16 bit patterns."""
     n = int(q.shape[0])
     if _is_cuda(q):
         torch = _torch_for_cuda("metrale: out=None")
         return torch.empty((n, num_q_heads, head_dim), dtype=torch.bfloat16, device=q.device)
+    torch = sys.modules.get("torch")  # never imported here: only when the caller passes its tensors
+    if torch is not None and isinstance(q, torch.Tensor):
+        return torch.empty((n, num_q_heads, head_dim), dtype=torch.bfloat16)
     return np.empty((n, num_q_heads, head_dim), dtype=np.uint16)
 
 

@@ -579,3 +579,14 @@ def test_client_api_fixes(rng):
     strided = np.zeros((4, 2, 128), dtype=np.uint16)[:, :, ::2]
     with pytest.raises(ValueError, match=r"'key'"):
         fresh.calibrate(strided, strided)
+
+
+def test_out_has_the_callers_array_type(rng):
+    """A torch CPU q gets a torch bf16 out (issue 19, point 3)."""
+    torch = pytest.importorskip("torch")
+    b = Batch(rng, "bf16", num_seqs=2, lens=[30, 10], max_len=30, Hq=8, Hkv=2, D=64, B=16)
+    q = torch.from_numpy(b.q.view(np.int16)).view(torch.bfloat16)
+    out = metrale.decode(q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.device.type == "cpu"
+    want = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), want)
