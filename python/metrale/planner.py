@@ -32,8 +32,9 @@ def _cache_device(cache: Any) -> str:
 class Planner:
     """The decode plan of one batch shape, made once and reused for every layer.
 
-    ``Planner(num_seqs, num_q_heads, layout, max_seq_len, sliding_window=0, device="cpu")``
-    makes a :class:`DecodePlan` (``self.plan``) for the target: the GPU on
+    ``Planner(num_seqs, num_q_heads, layout, max_seq_len, sliding_window=0, device=None)``
+    (device None: the cache's when `layout` is a PagedKVCache or a view, else the
+    CPU) makes a :class:`DecodePlan` (``self.plan``) for the target: the GPU on
     CUDA (its SMs, TMA, cluster residency), the thread pool on CPU. The plan
     carries every launch decision: ``num_splits``, ``merge`` ("single_pass",
     "cluster" or "workspace"), ``load_path``, ``pair_kv_heads``, ``grid``,
