@@ -137,7 +137,7 @@ def decode(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_lens: 
     to positions ``[max(0, L-W), L)``; ``sm_scale`` defaults to 1/sqrt(head_dim).
     Returns out.
     """
-    view, hq, D = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
+    view, hq, D, block_tables, seq_lens = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
     out = _decode_out(q, out, hq, D)
     _metrale.decode_single(_dl(q), hq, view.layout, _dl(view.k), _dl(view.v), view.scales, _dl(block_tables),
                            _dl(seq_lens), _check_window(sliding_window), _sm_scale(sm_scale, D), _dl(out),
@@ -161,8 +161,9 @@ def attend(q: ArrayLike, cache: KVCacheView, q_start: ArrayLike, block_tables: A
     receiving ``m + ln(l)``. ``max_q_len`` bounds every run (the GPU's grid;
     0: the block table's capacity). Returns out ``(rows, num_q_heads, D)``.
     """
-    view, hq, D = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
+    view, hq, D, block_tables, seq_lens = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
     _require_array(q_start, "q_start")
+    q_start = _int32_index(q_start, "q_start")
     out = _decode_out(q, out, hq, D)
     if lse is not None:
         _require_writable(lse, "lse")
@@ -190,7 +191,7 @@ def decode_splitk(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq
     :func:`decode_reduce`. Returns workspace.
     """
     _check_splits(num_splits)
-    view, hq, D = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
+    view, hq, D, block_tables, seq_lens = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
     _require_writable(workspace, "workspace")
     _metrale.decode_splitk(_dl(q), hq, view.layout, _dl(view.k), _dl(view.v), view.scales, _dl(block_tables),
                            _dl(seq_lens), _check_window(sliding_window), _sm_scale(sm_scale, D), _dl(workspace),
@@ -226,12 +227,29 @@ def _check_splits(num_splits: Any) -> None:
 
 
 def _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads):
-    """The view, q heads and head_dim of a decode call, its arrays checked."""
+    """The view, q heads, head_dim, block tables and lengths of a decode call, its
+    arrays checked (int64 host tables and lengths converted to int32)."""
     view = _as_view(cache)
     for a, n in ((q, "q"), (block_tables, "block_tables"), (seq_lens, "seq_lens")):
         _require_array(a, n)
     D = int(view.layout.head_dim)
-    return view, _q_heads(q, D, num_q_heads), D
+    return view, _q_heads(q, D, num_q_heads), D, _int32_index(block_tables, "block_tables"), \
+        _int32_index(seq_lens, "seq_lens")
+
+
+def _int32_index(x: Any, name: str) -> Any:
+    """Block tables, lengths and q_start are int32 on both backends. An int64 host
+    array (NumPy's and torch's default) is converted here, a copy as small as the
+    table; a CUDA one must be int32 already (a conversion there would allocate in
+    the decode step: convert once, when the table is built)."""
+    if isinstance(x, np.ndarray) and x.dtype == np.int64:
+        if x.size and (int(x.max()) > 2**31 - 1 or int(x.min()) < -2**31):
+            raise ValueError(f"'{name}': int64 values outside int32's range")
+        return x.astype(np.int32)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor) and not x.is_cuda and x.dtype == torch.int64:
+        return _int32_index(x.numpy(), name)
+    return x
 
 
 def _decode_out(q, out, num_q_heads, head_dim):

@@ -10,7 +10,7 @@ from . import _metrale
 from ._metrale import KvCacheLayout
 from ._arrays import (_DLPACK_CPU, _DLPACK_CUDA, ArrayLike, _device_of, _dl, _empty, _parse_device, _require_array,
                       _stream_handle)
-from .ops import _check_softcap, _check_window, _decode_inputs, _decode_out, _sm_scale
+from .ops import _check_softcap, _check_window, _decode_inputs, _decode_out, _int32_index, _sm_scale
 from .view import KVCacheView, _as_view, _layout_of
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class Planner:
         if self.workspace_bytes > 0 and workspace is None:
             raise ValueError(f"'workspace': required (num_splits = {self.num_splits} merged through it, "
                              f">= {self.workspace_bytes} bytes float32)")
-        view, hq, D = _decode_inputs(q, view, block_tables, seq_lens, self.num_q_heads)
+        view, hq, D, block_tables, seq_lens = _decode_inputs(q, view, block_tables, seq_lens, self.num_q_heads)
         out = _decode_out(q, out, hq, D)
         if workspace is not None:
             _require_array(workspace, "workspace")
@@ -146,8 +146,9 @@ class Planner:
         view = _as_view(cache)
         if workspace is None:
             workspace = self.workspace
-        view, hq, D = _decode_inputs(q, view, block_tables, seq_lens, self.num_q_heads)
+        view, hq, D, block_tables, seq_lens = _decode_inputs(q, view, block_tables, seq_lens, self.num_q_heads)
         _require_array(q_start, "q_start")
+        q_start = _int32_index(q_start, "q_start")
         out = _decode_out(q, out, hq, D)
         _metrale.attend(self.plan, _dl(q), hq, view.layout, _dl(view.k), _dl(view.v), view.scales, _dl(q_start),
                         _dl(block_tables), _dl(seq_lens), self.sliding_window, _sm_scale(sm_scale, D),

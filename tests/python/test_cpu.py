@@ -322,8 +322,8 @@ def test_bad_gqa_ratio(small):
 
 def test_bad_table_dtypes_and_shapes(small):
     view = small.cache.layer(0)
-    with pytest.raises(TypeError, match=r"'block_tables'.*int32.*int64"):
-        metrale.decode(small.q, view, small.block_tables.astype(np.int64), small.seq_lens)
+    with pytest.raises(TypeError, match=r"'block_tables'.*int32.*int16"):  # int64 host tables are converted
+        metrale.decode(small.q, view, small.block_tables.astype(np.int16), small.seq_lens)
     with pytest.raises(TypeError, match=r"'seq_lens'.*int32"):
         metrale.decode(small.q, view, small.block_tables, small.seq_lens.astype(np.float32))
     with pytest.raises(ValueError, match=r"'seq_lens'.*shape \(3,\)"):
@@ -590,3 +590,13 @@ def test_out_has_the_callers_array_type(rng):
     assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.device.type == "cpu"
     want = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
     assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), want)
+
+
+def test_int64_host_tables_are_accepted(rng):
+    """NumPy's (and torch's) default int64 block tables and lengths work on the host (issue 19, point 2)."""
+    b = Batch(rng, "nvfp4", num_seqs=3, lens=[50, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
+    want = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    got = metrale.decode(b.q, b.cache.layer(0), b.block_tables.astype(np.int64), b.seq_lens.astype(np.int64))
+    assert np.array_equal(got, want)
+    with pytest.raises(ValueError, match="block_tables"):
+        metrale.decode(b.q, b.cache.layer(0), np.full_like(b.block_tables, 2**40, dtype=np.int64), b.seq_lens)
