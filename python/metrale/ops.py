@@ -159,11 +159,15 @@ def attend(q: ArrayLike, cache: KVCacheView, q_start: ArrayLike, block_tables: A
     denominator only (-inf: none); ``softcap`` c > 0 caps each logit to
     ``c * tanh(s / c)``; ``lse``: optional float32 ``(rows, num_q_heads)``
     receiving ``m + ln(l)``. ``max_q_len`` bounds every run (the GPU's grid;
-    0: the block table's capacity). Returns out ``(rows, num_q_heads, D)``.
+    0: the longest run of a host ``q_start``, else the block table's capacity,
+    a grid mostly of empty CTAs: pass it for a CUDA ``q_start``). Returns out
+    ``(rows, num_q_heads, D)``.
     """
     view, hq, D, block_tables, seq_lens = _decode_inputs(q, cache, block_tables, seq_lens, num_q_heads)
     _require_array(q_start, "q_start")
     q_start = _int32_index(q_start, "q_start")
+    if not max_q_len and isinstance(q_start, np.ndarray) and q_start.size > 1:
+        max_q_len = int(np.diff(q_start).max(initial=1))  # host q_start: the longest run, read here
     out = _decode_out(q, out, hq, D)
     if lse is not None:
         _require_writable(lse, "lse")
