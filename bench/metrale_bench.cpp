@@ -59,13 +59,6 @@ std::string describe(const DecodePlan& plan) {
   return std::string(to_string(plan.merge)) + " " + to_string(plan.load_path) + (plan.pair_kv_heads ? " paired" : "");
 }
 
-template <class E>
-E choice(const std::string& name, std::initializer_list<std::pair<const char*, E>> choices) {
-  for (const auto& [n, e] : choices)
-    if (name == n) return e;
-  throw CLI::ValidationError("plan option", name);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -112,15 +105,9 @@ int main(int argc, char** argv) {
 
   DecodePlanOptions options;
   options.num_splits = forced_splits;
-  options.pairing = choice<DecodePairing>(
-      pairing, {{"automatic", DecodePairing::automatic}, {"off", DecodePairing::off}, {"on", DecodePairing::on}});
-  options.load_path = choice<DecodeLoadPath>(load_path, {{"automatic", DecodeLoadPath::automatic},
-                                                         {"registers", DecodeLoadPath::registers},
-                                                         {"tma", DecodeLoadPath::tma}});
-  options.merge = choice<DecodeMerge>(merge, {{"automatic", DecodeMerge::automatic},
-                                              {"single_pass", DecodeMerge::single_pass},
-                                              {"cluster", DecodeMerge::cluster},
-                                              {"workspace", DecodeMerge::workspace}});
+  options.pairing = decode_pairing_from_string(pairing);  // the names CLI11 checked above
+  options.load_path = decode_load_path_from_string(load_path);
+  options.merge = decode_merge_from_string(merge);
   const DecodeTarget target = cuda::decode_target();
   int qh = 32, kvh = 8;
   if (std::sscanf(heads.c_str(), "%d/%d", &qh, &kvh) != 2) throw CLI::ValidationError("--heads", heads);

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "metrale/cache.hpp"
 #include "metrale/ops.hpp"
@@ -56,6 +57,12 @@ enum class DecodePairing : uint8_t { automatic, off, on };
 
 const char* to_string(DecodeLoadPath p);
 const char* to_string(DecodeMerge m);
+const char* to_string(DecodePairing p);
+// The inverses of to_string (benchmark flags, Python); InvalidArgument naming
+// `arg` and listing the names.
+DecodeLoadPath decode_load_path_from_string(const std::string& name, const char* arg = "load_path");
+DecodeMerge decode_merge_from_string(const std::string& name, const char* arg = "merge");
+DecodePairing decode_pairing_from_string(const std::string& name, const char* arg = "pairing");
 
 // Decisions a caller (a benchmark, a test, a forced entry point) takes
 // instead of the planner; `automatic` / 0 leave them to it. A forced choice

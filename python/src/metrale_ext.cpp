@@ -332,17 +332,6 @@ void bf16_absmax(const In& x, const Out& absmax, uintptr_t stream, const std::st
   cuda::bf16_absmax(p, num_rows, row_len, row_stride, out, as_stream(stream));
 }
 
-// One of a plan option's names -> its value; ValueError listing the names.
-template <class E>
-E parse_choice(const std::string& name, const char* arg, std::initializer_list<std::pair<const char*, E>> choices) {
-  std::string names;
-  for (const auto& [n, e] : choices) {
-    if (name == n) return e;
-    names += names.empty() ? n : std::string(", ") + n;
-  }
-  value_error("'", arg, "' = '", name, "'; expected one of ", names);
-}
-
 // block_tables int32 [num_seqs, max_blocks_per_seq >= 1], seq_lens int32 [num_seqs].
 void check_tables(const In& block_tables, const In& seq_lens, int64_t num_seqs) {
   check_dtype(block_tables, "block_tables", nb::dlpack::dtype_code::Int, 32, "int32");
@@ -761,15 +750,9 @@ NB_MODULE(_metrale, m) {
         p.attn_options = attn_options;
         DecodePlanOptions o;
         o.num_splits = num_splits;
-        o.pairing = parse_choice<DecodePairing>(pairing, "pairing",
-                                 {{"automatic", DecodePairing::automatic}, {"off", DecodePairing::off},
-                                  {"on", DecodePairing::on}});
-        o.load_path = parse_choice<DecodeLoadPath>(load_path, "load_path",
-                                   {{"automatic", DecodeLoadPath::automatic}, {"registers", DecodeLoadPath::registers},
-                                    {"tma", DecodeLoadPath::tma}});
-        o.merge = parse_choice<DecodeMerge>(merge, "merge",
-                               {{"automatic", DecodeMerge::automatic}, {"single_pass", DecodeMerge::single_pass},
-                                {"cluster", DecodeMerge::cluster}, {"workspace", DecodeMerge::workspace}});
+        o.pairing = decode_pairing_from_string(pairing);  // InvalidArgument -> ValueError
+        o.load_path = decode_load_path_from_string(load_path);
+        o.merge = decode_merge_from_string(merge);
         if (device < 0) return plan_decode(p, cpu::decode_target(), o);
         DeviceGuard g(Where{Dev::cuda, device});
         return plan_decode(p, cuda::decode_target(), o);

@@ -50,6 +50,39 @@ const char* to_string(DecodeMerge m) {
   return "unknown";
 }
 
+const char* to_string(DecodePairing p) {
+  switch (p) {
+    case DecodePairing::automatic: return "automatic";
+    case DecodePairing::off: return "off";
+    case DecodePairing::on: return "on";
+  }
+  return "unknown";
+}
+
+namespace {
+// The enumerator of E whose to_string is `name`.
+template <class E>
+E from_string(const std::string& name, const char* arg, std::initializer_list<E> values) {
+  std::string names;
+  for (E v : values) {
+    if (name == to_string(v)) return v;
+    names += (names.empty() ? "" : ", ") + std::string(to_string(v));
+  }
+  detail::throw_invalid(arg, name, "one of " + names);
+}
+}  // namespace
+
+DecodeLoadPath decode_load_path_from_string(const std::string& name, const char* arg) {
+  return from_string(name, arg, {DecodeLoadPath::automatic, DecodeLoadPath::registers, DecodeLoadPath::tma});
+}
+DecodeMerge decode_merge_from_string(const std::string& name, const char* arg) {
+  return from_string(name, arg,
+                     {DecodeMerge::automatic, DecodeMerge::single_pass, DecodeMerge::cluster, DecodeMerge::workspace});
+}
+DecodePairing decode_pairing_from_string(const std::string& name, const char* arg) {
+  return from_string(name, arg, {DecodePairing::automatic, DecodePairing::off, DecodePairing::on});
+}
+
 DecodeProblem decode_problem(const PagedAttnArgs& a, int32_t max_seq_len, int32_t max_q_len) {
   const int32_t capacity =
       int32_t(std::min<int64_t>(int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size, INT32_MAX));
