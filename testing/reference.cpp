@@ -71,45 +71,9 @@ KvRows cache_rows(const DecodeArgs& a) {
   };
 }
 
+// A decode is the run of one row per sequence (SYSTEM.md 8).
 std::vector<double> attention_f64(const DecodeArgs& a, const KvRows& rows) {
-  const int32_t S = a.num_seqs, Hq = a.num_q_heads, H = a.cache.layout.num_kv_heads, D = a.cache.layout.head_dim;
-  const int32_t group = Hq / H;
-  for (int32_t s = 0; s < S; ++s)
-    if (a.seq_lens[s] < 0 || int64_t(a.seq_lens[s]) > int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size)
-      throw std::invalid_argument("attention_f64: seq_lens[" + std::to_string(s) + "] does not fit its row");
-  std::vector<double> out(size_t(S) * Hq * D, 0.0);
-  auto one_seq = [&](int32_t s) {
-    const int32_t L = a.seq_lens[s];
-    const int32_t first = (a.sliding_window > 0 && L > a.sliding_window) ? L - a.sliding_window : 0;
-    const size_t n = size_t(L - first);
-    std::vector<double> k(n * D), v(n * D), logits(n);
-    for (int32_t kvh = 0; kvh < H; ++kvh) {
-      for (size_t j = 0; j < n; ++j) rows(s, first + int32_t(j), kvh, &k[j * D], &v[j * D]);
-      for (int32_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        const bf16* q = a.q + size_t(s) * a.q_stride + size_t(h) * D;
-        double* o = out.data() + (size_t(s) * Hq + h) * D;
-        bool nan = false;
-        double mx = -std::numeric_limits<double>::infinity();
-        for (size_t j = 0; j < n; ++j) {
-          double dot = 0.0;
-          for (int32_t d = 0; d < D; ++d) dot += double(codec::bf16_to_float(q[d])) * k[j * D + d];
-          logits[j] = dot * double(a.sm_scale);
-          nan |= std::isnan(logits[j]);
-          mx = std::max(mx, logits[j]);
-        }
-        if (nan) {
-          std::fill(o, o + D, kNaN);
-          continue;
-        }
-        double denom = 0.0;
-        for (double& z : logits) denom += (z = std::exp(z - mx));
-        for (size_t j = 0; j < n; ++j)
-          for (int32_t d = 0; d < D; ++d) o[d] += logits[j] / denom * v[j * D + d];
-      }
-    }
-  };
-  for_each_seq(S, one_seq);
-  return out;
+  return attention_runs_f64(attn_args(a), rows);
 }
 
 std::vector<double> reference_decode(const DecodeArgs& a) { return attention_f64(a, cache_rows(a)); }
@@ -133,9 +97,11 @@ std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& row
     const int32_t r0 = a.q_start ? a.q_start[s] : s, n = a.q_start ? a.q_start[s + 1] - r0 : 1;
     if (L < 0 || n > std::max(L, 1) || int64_t(L) > int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size)
       throw std::invalid_argument("attention_runs_f64: sequence " + std::to_string(s) + " does not fit its row");
-    std::vector<double> k(size_t(L) * D), v(size_t(L) * D);
+    // Rows from the first row's first attended position on (base); row t at t - base.
+    const int32_t base = a.sliding_window > 0 ? std::max(0, L - n + 1 - a.sliding_window) : 0;
+    std::vector<double> k(size_t(L - base) * D), v(size_t(L - base) * D);
     for (int32_t kvh = 0; kvh < H; ++kvh) {
-      for (int32_t t = 0; t < L; ++t) rows(s, t, kvh, &k[size_t(t) * D], &v[size_t(t) * D]);
+      for (int32_t t = base; t < L; ++t) rows(s, t, kvh, &k[size_t(t - base) * D], &v[size_t(t - base) * D]);
       for (int32_t j = 0; j < n; ++j) {
         const int32_t pos = L - n + j;  // this row's position; it attends [first, pos]
         const int32_t first = a.sliding_window > 0 ? std::max(0, pos + 1 - a.sliding_window) : 0;
@@ -147,7 +113,7 @@ std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& row
           double mx = ninf;
           for (int32_t t = first; t <= pos; ++t) {
             double dot = 0.0;
-            for (int32_t d = 0; d < D; ++d) dot += double(codec::bf16_to_float(q[d])) * k[size_t(t) * D + d];
+            for (int32_t d = 0; d < D; ++d) dot += double(codec::bf16_to_float(q[d])) * k[size_t(t - base) * D + d];
             double z = dot * double(a.sm_scale);
             if (a.softcap > 0.0f) z = double(a.softcap) * std::tanh(z / double(a.softcap));
             nan |= std::isnan(z);
@@ -169,7 +135,7 @@ std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& row
           double denom = (sink == ninf ? 0.0 : std::exp(sink - M));
           for (double z : logit) denom += std::exp(z - M);
           for (size_t i = 0; i < logit.size(); ++i)
-            for (int32_t d = 0; d < D; ++d) o[d] += std::exp(logit[i] - M) / denom * v[size_t(first + i) * D + d];
+            for (int32_t d = 0; d < D; ++d) o[d] += std::exp(logit[i] - M) / denom * v[size_t(first - base + i) * D + d];
         }
       }
     }
