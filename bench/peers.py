@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """Peer decode attention on the same shapes as bench/metrale_bench, in the same run.
 
+With --q-len N > 1: N query tokens per sequence at the end of its context
+(speculative verification), causal attention aligned to the end of the KV
+(SYSTEM.md 8): SDPA through torch's lower-right causal bias (or a boolean
+mask where a backend takes no bias), FlexAttention through a mask_mod;
+compared with metrale_bench --q-len N rows ("... qN").
+
 Peers (select with --peers, default all):
 
   sdpa-cudnn, sdpa-flash, sdpa-efficient
@@ -104,15 +110,23 @@ def select_peers(spec):
     return [p for p in PEERS if p in chosen]
 
 
+def end_causal_mask(n, ctx, device):
+    """(n, ctx) bool: query row j (at position ctx - n + j) attends positions <= its own."""
+    return torch.arange(ctx, device=device)[None, :] <= (ctx - n + torch.arange(n, device=device))[:, None]
+
+
 def reference(q, k, v):
-    """fp32 decode attention, q (B, Hq, 1, D) over contiguous k, v (B, Hkv, T, D)."""
-    b, hq, _, d = q.shape
-    hkv = k.shape[1]
-    out = torch.empty(b, hq, 1, d, dtype=torch.float32, device=q.device)
+    """fp32 attention of q (B, Hq, N, D), rows at the end of contiguous k, v (B, Hkv, T, D), causal."""
+    b, hq, n, d = q.shape
+    hkv, ctx = k.shape[1], k.shape[2]
+    out = torch.empty(b, hq, n, d, dtype=torch.float32, device=q.device)
+    mask = end_causal_mask(n, ctx, q.device)
     for s in range(b):  # one sequence at a time bounds the fp32 copies of K and V
-        qs = q[s, :, 0].float().view(hkv, hq // hkv, d)
+        qs = q[s].float().view(hkv, hq // hkv * n, d)  # rows (q head of the group, token)
         logits = torch.matmul(qs, k[s].float().transpose(1, 2)) / math.sqrt(d)
-        out[s, :, 0] = torch.matmul(torch.softmax(logits, dim=-1), v[s].float()).view(hq, d)
+        logits = logits.view(hkv, hq // hkv, n, ctx).masked_fill(~mask, float("-inf"))
+        p = torch.softmax(logits, dim=-1).view(hkv, hq // hkv * n, ctx)
+        out[s] = torch.matmul(p, v[s].float()).view(hq, n, d)
     return out
 
 
@@ -158,7 +172,7 @@ class FlexPaged:
 
     Q_BLOCK = 128  # flex decoding packs the GQA group on M (BLOCK_M 16); Q block must be a multiple
 
-    def __init__(self, ks, vs, page_size, seed=1234):
+    def __init__(self, ks, vs, page_size, q_len=1, seed=1234):
         from torch.nn.attention.experimental._paged_attention import PagedAttention
         from torch.nn.attention.flex_attention import BlockMask
 
@@ -179,18 +193,29 @@ class FlexPaged:
         # mask_mod on them), the last page as a partial block when the context
         # ends inside it. create_block_mask would instead mark every block
         # partial here: it pads q_len 1 up to the q block with masked rows.
-        full = ctx // page_size
-        tail = pages_per_seq - full  # 0 or 1
-        i32 = dict(dtype=torch.int32, device=dev)
-        order = torch.arange(pages_per_seq, **i32)
-        logical = BlockMask.from_kv_blocks(
-            kv_num_blocks=torch.full((b, 1, 1), tail, **i32),
-            kv_indices=order.roll(tail).expand(b, 1, 1, pages_per_seq).contiguous(),  # tail page first
-            full_kv_num_blocks=torch.full((b, 1, 1), full, **i32),
-            full_kv_indices=order.expand(b, 1, 1, pages_per_seq).contiguous(),
-            BLOCK_SIZE=(self.Q_BLOCK, page_size),
-            seq_lengths=(1, ctx),
-        )
+        # q_len > 1: the causal mask aligned to the end of the context, its
+        # blocks from create_block_mask (pages the last rows only see are partial).
+        if q_len > 1:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            def end_causal(b_, h_, q_idx, kv_idx):
+                return kv_idx <= q_idx + (ctx - q_len)
+
+            logical = create_block_mask(end_causal, b, None, q_len, ctx, device=dev,
+                                        BLOCK_SIZE=(self.Q_BLOCK, page_size))
+        else:
+            full = ctx // page_size
+            tail = pages_per_seq - full  # 0 or 1
+            i32 = dict(dtype=torch.int32, device=dev)
+            order = torch.arange(pages_per_seq, **i32)
+            logical = BlockMask.from_kv_blocks(
+                kv_num_blocks=torch.full((b, 1, 1), tail, **i32),
+                kv_indices=order.roll(tail).expand(b, 1, 1, pages_per_seq).contiguous(),  # tail page first
+                full_kv_num_blocks=torch.full((b, 1, 1), full, **i32),
+                full_kv_indices=order.expand(b, 1, 1, pages_per_seq).contiguous(),
+                BLOCK_SIZE=(self.Q_BLOCK, page_size),
+                seq_lengths=(1, ctx),
+            )
         # The helper maps logical to physical pages, and wraps the mask_mod so
         # that it maps a physical position back and masks positions >= kv_len.
         kv_len = torch.full((b,), ctx, dtype=torch.int64, device=dev)
@@ -227,6 +252,8 @@ def main():
     ap.add_argument("--peers", default="all", help=f"comma list of {', '.join(PEERS)} or prefixes (sdpa, flex); default all")
     ap.add_argument("--flex-autotune", action="store_true",
                     help="compile Flex with mode=max-autotune-no-cudagraphs (tries more kernel configs; longer compile)")
+    ap.add_argument("--q-len", type=int, default=1,
+                    help="query tokens per sequence at the end of its context (causal; metrale_bench --q-len)")
     ap.add_argument("--metrale-csv", help="metrale_bench --csv output of the same run")
     ap.add_argument("--csv", help="write peer rows here")
     args = ap.parse_args()
@@ -248,9 +275,10 @@ def main():
         kv_bytes = 2 * b * hkv * ctx * d * 2
         reps = max(1, min(64, math.ceil(ROTATION_BYTES / kv_bytes)))
         calls = max(reps, 8)
-        name = f"bf16 {b}x{ctx} {hq}/{hkv} d{d}"
+        n = args.q_len
+        name = f"bf16 {b}x{ctx} {hq}/{hkv} d{d}" + (f" q{n}" if n > 1 else "")
         try:
-            q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+            q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
             ks = [torch.randn(b, hkv, ctx, d, device="cuda", dtype=torch.bfloat16) for _ in range(reps)]
             vs = [torch.randn(b, hkv, ctx, d, device="cuda", dtype=torch.bfloat16) for _ in range(reps)]
             ref = reference(q, ks[0], vs[0])  # replica 0 is the one every peer's output is checked on
@@ -273,10 +301,10 @@ def main():
                 row["metrale_over_peer"] = ours.get(name, float("nan")) / us
                 ok = err <= MAX_REL_ERR  # False for nan: an unchecked output counts as wrong
                 if not ok:
-                    row["note"] = note = note or f"WRONG: max rel err {err:.2e} > {MAX_REL_ERR:.0e}"
+                    row["note"] = note = f"WRONG: max rel err {err:.2e} > {MAX_REL_ERR:.0e}" + (f" ({note})" if note else "")
                 print(f"{name:<28} {peer:<15} {us:9.1f} us {row['gbps']:7.0f} GB/s   "
                       f"metrale/peer time {row['metrale_over_peer']:5.2f}   err {err:.1e}{extra}"
-                      + ("" if ok else f"   {note}"))
+                      + (f"   {note}" if note else ""))
                 if ok:
                     best = us if best is None else min(best, us)
             rows.append(row)
@@ -285,23 +313,35 @@ def main():
             if peer in SDPA_BACKENDS:
                 backend = SDPA_BACKENDS[peer]
 
-                def call(i, backend=backend):
-                    with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(q, ks[i % reps], vs[i % reps], enable_gqa=True)
+                # q_len > 1: torch's lower-right causal bias, else a boolean mask.
+                masks = [None]
+                if n > 1:
+                    from torch.nn.attention.bias import causal_lower_right
+                    masks = [causal_lower_right(n, ctx), end_causal_mask(n, ctx, q.device)]
+                failures = []
+                for mask in masks:
+                    def call(i, backend=backend, mask=mask):
+                        with sdpa_kernel(backend):
+                            return F.scaled_dot_product_attention(q, ks[i % reps], vs[i % reps], attn_mask=mask,
+                                                                  enable_gqa=True)
 
-                try:
-                    err = max_rel_err(call(0), ref)
-                    us = time_us(call, calls)
-                except Exception as e:  # backend not available for this shape (expected: no GQA path, ...)
-                    report(peer, note=f"unavailable: {str(e).splitlines()[0][:80]}")
-                    continue
-                report(peer, us, err)
+                    try:
+                        err = max_rel_err(call(0), ref)
+                        us = time_us(call, calls)
+                    except Exception as e:  # backend not available for this shape (expected: no GQA path, ...)
+                        failures.append(str(e).splitlines()[0][:80] if str(e) else type(e).__name__)
+                        continue
+                    how = "" if mask is None else ("lower-right bias" if len(failures) == 0 else "bool mask")
+                    report(peer, us, err, note=how)
+                    break
+                else:
+                    report(peer, note="unavailable: " + " / ".join(failures))
             elif peer == "flex-paged":
                 fp = None
                 compile_s = None
                 try:
                     flex = compiled_flex(args.flex_autotune)
-                    fp = FlexPaged(ks, vs, args.page_size)
+                    fp = FlexPaged(ks, vs, args.page_size, n)
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     out = fp(flex, q, 0)  # compiles (and autotunes) for this shape

@@ -5,6 +5,7 @@
 // decode with sinks / soft-cap / lse through the same kernel.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <vector>
@@ -115,10 +116,70 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
           o.load_path = DecodeLoadPath::registers;
           EXPECT_TRUE(dr.run(o, false));
           expect_runs_match(rp, dr.out_host(), what + " registers");
+          o.load_path = DecodeLoadPath::automatic;
+        }
+        // The other column tiling where the planner took two n-tiles per CTA.
+        if (ns == 3 && dr.plan.col_tiles == 2) {
+          o.col_tiles = 1;
+          EXPECT_TRUE(dr.run(o, with_lse));
+          const std::vector<float> lse1 = dr.lse_host();
+          expect_runs_match(rp, dr.out_host(), what + " one column tile", with_lse ? &lse1 : nullptr);
         }
       }
     }
     if (HasFailure()) break;
+  }
+}
+
+// A corrupt page id makes its whole run NaN and a NaN in K reaches exactly
+// the rows that attend it (later rows of the run: causal), with one and two
+// column tiles, single pass, workspace and cluster split-K; the other runs
+// are unaffected.
+TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    for (int32_t D : {64, 128, 256}) {
+      DecodeCase c;
+      c.format = f;
+      c.head_dim = D;
+      c.num_kv_heads = 2;
+      c.group = int32_t(pick(rng, 2, 4, 8));
+      c.block_size = 16;
+      c.seq_lens = {int32_t(200 + rng() % 300), int32_t(100 + rng() % 600), int32_t(50 + rng() % 100)};
+      RunsProblem rp(c, {int32_t(1 + rng() % 16), 12, int32_t(1 + rng() % 16)}, rng());
+      // Sequence 0: its last page is corrupt. Sequence 1: K of kv head 1 at
+      // its next-to-last position is NaN (element d), seen by its last two rows.
+      const int32_t L0 = rp.p.seq_lens[0], L1 = rp.p.seq_lens[1];
+      rp.p.block_tables[(L0 - 1) / c.block_size] = int32_t(rp.p.layout.num_blocks) + 3;
+      poison_cache(rp.p, 'k', 1, L1 - 2, 1, int32_t(rng() % D));
+      SCOPED_TRACE(c.describe());
+      DeviceRuns dr(rp);
+      for (int32_t ns : {1, 3, 12}) {
+        for (int32_t tiles : {0, 1}) {
+          DecodePlanOptions o;
+          o.num_splits = ns;
+          o.col_tiles = tiles;
+          EXPECT_TRUE(dr.run(o, true));
+          const std::vector<float> lse = dr.lse_host();
+          const std::vector<bf16> out = dr.out_host();
+          const std::string what = "splits " + std::to_string(ns) + " merge " + to_string(dr.plan.merge) +
+                                   " col_tiles " + std::to_string(dr.plan.col_tiles);
+          expect_runs_match(rp, out, what, &lse);
+          // The reference's NaN rows are the rule; check the rule itself once.
+          const int32_t H = c.num_q_heads(), row1 = rp.q_start[1];
+          EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[size_t(rp.q_start[0]) * H * D]))) << what;
+          EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + c.group) * D]))) << what;
+          EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 9) * H + c.group) * D]))) << what;
+          EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + 0) * D]))) << what;
+          if (D > 128) break;  // one column tile only
+        }
+      }
+      EXPECT_TRUE(dr.k.guards_intact() && dr.out.guards_intact());
+      if (HasFailure()) return;
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "metrale/error.hpp"
 #include "metrale/ops.hpp"
 #include "metrale/plan.hpp"
 #include "support/problem.hpp"
@@ -184,6 +185,41 @@ TEST(Planner, RecordsLoadPathMergeAndGrid) {
   EXPECT_EQ(paired.kv_units, 4);
   EXPECT_EQ(paired.unit_group, 4);
   EXPECT_EQ(paired.kernel().head_dim, 128);
+}
+
+// Query runs: a CTA's columns are (row, q head) pairs, 8 per n-tile, two
+// n-tiles at head_dim <= 128 (geometry::runs_col_tiles), one at 256 and
+// for decode; a forced tiling wins where it can run.
+TEST(Planner, QueryRunsTileTheirColumns) {
+  DecodeProblem p = problem(4, 8, 4, 4096);
+  p.max_q_len = 4;  // 16 columns per kv head
+  const DecodePlan two = plan_decode(p, gpu_like(1000));
+  EXPECT_TRUE(two.kernel().runs);
+  EXPECT_EQ(two.col_tiles, 2);
+  EXPECT_EQ(two.kernel().col_tiles, 2);
+  EXPECT_EQ(two.head_tiles, 1);
+  EXPECT_EQ(two.ctas_per_seq, 8);
+  p.max_q_len = 16;  // 64 columns: 4 tiles of 16
+  EXPECT_EQ(plan_decode(p, gpu_like(1000)).head_tiles, 4);
+  p.max_q_len = 2;  // 8 columns: one n-tile does
+  EXPECT_EQ(plan_decode(p, gpu_like(1000)).col_tiles, 1);
+  DecodeProblem wide = problem(4, 8, 4, 4096, 0, KvFormat::fp8_e4m3, 256);
+  wide.max_q_len = 4;
+  const DecodePlan one = plan_decode(wide, gpu_like(1000));
+  EXPECT_EQ(one.col_tiles, 1);
+  EXPECT_EQ(one.head_tiles, 2);
+  DecodePlanOptions o;
+  o.col_tiles = 1;
+  p.max_q_len = 8;
+  const DecodePlan forced = plan_decode(p, gpu_like(1000), o);
+  EXPECT_EQ(forced.col_tiles, 1);
+  EXPECT_EQ(forced.head_tiles, 4);
+  o.col_tiles = 2;
+  EXPECT_THROW(plan_decode(wide, gpu_like(1000), o), Unsupported);
+  EXPECT_THROW(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000), o), Unsupported);  // decode
+  o.col_tiles = 3;
+  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), InvalidArgument);
+  EXPECT_EQ(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000)).col_tiles, 1);
 }
 
 TEST(Planner, MoreSmsNeverMeanFewerSplits) {

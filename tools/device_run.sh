@@ -48,7 +48,7 @@ done
 
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
-    for t in test_gpu_decode test_gpu_cache_write; do
+    for t in test_gpu_decode test_gpu_cache_write test_gpu_attn; do
       METRALE_GPU_TEST_ITERS=8 compute-sanitizer --tool $tool --error-exitcode 99 "$BUILD/tests/$t" \
         --gtest_brief=1 --gtest_filter='-*TensOfThousands*:*PlannerRuns*:*Large*:*ManyTokens*' >"$OUT/$t.$tool.log" 2>&1
       summary+=("$(printf '%-24s %-9s rc %d  %s' "$t" "$tool" $? "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$t.$tool.log" | tail -1)")")
@@ -78,6 +78,24 @@ if [ "${BENCH:-1}" = 1 ]; then
       tee "$OUT/peers.log"
   fi
 fi
+# Multi-token queries (issue 17): q_len 1, 2, 4, 8 per sequence at the three
+# verification shapes, every format, the planner's column tiles and one
+# column tile forced (the A/B of reading the pages once per 16 columns),
+# the peers at the same q_len, and one table (tools/q_len_table.py).
+if [ "${QLEN_BENCH:-0}" = 1 ]; then
+  QS=${QLEN_SHAPES:-1x32768,16x8192,64x4096}
+  for n in 1 2 4 8; do
+    "$BUILD/bench/metrale_bench" --shapes "$QS" --q-len $n --csv "$OUT/qlen_$n.csv" 2>&1 | tee -a "$OUT/qlen.log"
+    [ $n -gt 2 ] && "$BUILD/bench/metrale_bench" --shapes "$QS" --q-len $n --col-tiles 1 --csv "$OUT/qlen_${n}_t1.csv" 2>&1 |
+      tee -a "$OUT/qlen.log"
+    if [ "${PEERS:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
+      PYTHONUNBUFFERED=1 python3 bench/peers.py --shapes "$QS" --q-len $n --peers "${QLEN_PEERS:-all}" \
+        --metrale-csv "$OUT/qlen_$n.csv" --csv "$OUT/qlen_peers_$n.csv" 2>&1 | tee -a "$OUT/qlen_peers.log"
+    fi
+  done
+  python3 tools/q_len_table.py "$OUT" | tee "$OUT/qlen_table.md"
+  summary+=("$(printf '%-24s rc %d' "q_len table" $?)")
+fi
 # Context-parallel scaling where the machine has several GPUs.
 if [ "${CP_BENCH:-0}" = 1 ] && [ -x "$BUILD/bench/cp_bench" ]; then
   NCCL_DEBUG=WARN "$BUILD/bench/cp_bench" --gpus "$(nvidia-smi -L | wc -l)" 2>&1 | tee "$OUT/cp_bench.log" ||
@@ -106,5 +124,5 @@ printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 # The device tool returns at most 8 files from $OUT (the first 8 by name
 # otherwise: session 6 lost its peers.csv and summary.txt): the tables come
 # back as they are, everything else (logs, JSON, plots) in one archive.
-(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|results\.tgz') &&
+(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|qlen_table\.md|results\.tgz') &&
   [ -n "$rest" ] && tar czf results.tgz $rest && rm -rf $rest)

@@ -72,6 +72,7 @@ struct DecodePlanOptions {
   DecodePairing pairing = DecodePairing::automatic;
   DecodeLoadPath load_path = DecodeLoadPath::automatic;
   DecodeMerge merge = DecodeMerge::automatic;
+  int32_t col_tiles = 0;  // runs kernel: 0 = the planner's; 1 or 2 n-tiles of 8 columns per CTA
 };
 
 // One decode kernel instantiation: format x the kernel's head_dim (128 for a
@@ -82,6 +83,7 @@ struct DecodeKernelId {
   DecodeLoadPath load_path = DecodeLoadPath::registers;
   bool pair_kv_heads = false;
   bool runs = false;  // the query-runs kernel (runs of several rows, sinks, soft-cap, lse)
+  int32_t col_tiles = 1;  // runs kernel: n-tiles of 8 (query row, q head) columns per CTA
 };
 
 // What the planner knows of the machine that runs the plan:
@@ -105,7 +107,8 @@ struct DecodePlan {
   // or head pair, tile of geometry::kDecodeQHeadsPerCta q heads, split).
   int32_t kv_units = 0;      // kv heads (or pairs) per sequence
   int32_t unit_group = 0;    // q heads per kv unit
-  int32_t head_tiles = 0;    // q-head tiles per kv unit
+  int32_t col_tiles = 1;     // n-tiles of 8 columns per CTA (geometry::runs_col_tiles)
+  int32_t head_tiles = 0;    // tiles of 8 * col_tiles columns per kv unit
   int64_t ctas_per_seq = 0;  // kv_units * head_tiles
   size_t workspace_bytes = 0;  // f32 split-K workspace the run needs (merge == workspace), else 0
 

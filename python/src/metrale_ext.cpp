@@ -725,6 +725,8 @@ NB_MODULE(_metrale, m) {
       .def_ro("workspace_bytes", &DecodePlan::workspace_bytes)
       .def_prop_ro("max_q_len", [](const DecodePlan& p) { return p.problem.max_q_len; })
       .def_prop_ro("runs_kernel", [](const DecodePlan& p) { return p.kernel().runs; })
+      .def_ro("col_tiles", &DecodePlan::col_tiles)
+      .def_ro("head_tiles", &DecodePlan::head_tiles)
       .def("__repr__", [](const DecodePlan& p) {
         return concat("DecodePlan(num_splits=", p.num_splits, ", merge=", to_string(p.merge),
                       ", load_path=", to_string(p.load_path), ", pair_kv_heads=", p.pair_kv_heads ? "True" : "False",

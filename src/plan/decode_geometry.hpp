@@ -24,6 +24,17 @@ constexpr int32_t kMaxClusterSplits = 8;
 // their parallelism gains: two 16-token steps per warp of a 4-warp CTA.
 constexpr int32_t kMinTokensPerSplit = 128;
 
+// The runs kernel's n-tiles of 8 columns per CTA for `columns` (query row,
+// q head) columns of a kv head: every dequantised K/V fragment feeds that
+// many MMAs, so a run's rows share one read of the pages. Two at head_dim
+// <= 128 (a thread then holds 2 x 32 accumulators of O^T and 2 x 16 words
+// of Q^T at head_dim 128); head_dim 256 keeps one (its accumulators alone
+// are 64 registers per n-tile).
+constexpr int32_t kMaxRunsColTiles = 2;
+constexpr int32_t runs_col_tiles(int32_t head_dim, int64_t columns) {
+  return head_dim <= 128 && columns > kDecodeQHeadsPerCta ? kMaxRunsColTiles : 1;
+}
+
 // head_dim 64: a CTA serves two adjacent kv heads as one head of head_dim
 // 128 (their rows are adjacent in a token's row of the cache), their q
 // heads side by side in its 8 columns. Half-width rows put the per-step

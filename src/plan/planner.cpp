@@ -105,7 +105,7 @@ DecodeProblem decode_problem(const DecodeArgs& a, int32_t max_seq_len) {
 
 DecodeKernelId DecodePlan::kernel() const {
   return DecodeKernelId{problem.layout.format, pair_kv_heads ? 2 * problem.layout.head_dim : problem.layout.head_dim,
-                        load_path, pair_kv_heads, problem.max_q_len > 1 || problem.attn_options};
+                        load_path, pair_kv_heads, problem.max_q_len > 1 || problem.attn_options, col_tiles};
 }
 
 DecodePlan plan_decode(const DecodeProblem& p, const DecodeTarget& target, const DecodePlanOptions& options) {
@@ -148,9 +148,16 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   plan.kv_units = plan.pair_kv_heads ? H / 2 : H;
   plan.unit_group = plan.pair_kv_heads ? 2 * group : group;
   // A CTA's columns are (query row, q head) pairs of its kv unit: a run of n
-  // rows fills ceil(n * unit_group / 8) tiles.
+  // rows fills ceil(n * unit_group / (8 * col_tiles)) tiles.
   const int64_t columns = int64_t(p.max_q_len) * plan.unit_group;
-  plan.head_tiles = int32_t((columns + kDecodeQHeadsPerCta - 1) / kDecodeQHeadsPerCta);
+  const bool runs = p.max_q_len > 1 || p.attn_options;
+  METRALE_CHECK_ARG(opt.col_tiles >= 0 && opt.col_tiles <= kMaxRunsColTiles, "col_tiles", opt.col_tiles,
+                    "0 (the planner's) or 1.." + std::to_string(kMaxRunsColTiles));
+  if (opt.col_tiles > 1 && (!runs || D > 128))
+    detail::throw_unsupported("col_tiles", opt.col_tiles, "1 except for query runs (or attention options) at head_dim <= 128");
+  plan.col_tiles = opt.col_tiles > 0 ? opt.col_tiles : (runs ? runs_col_tiles(D, columns) : 1);
+  const int64_t tile_cols = int64_t(kDecodeQHeadsPerCta) * plan.col_tiles;
+  plan.head_tiles = int32_t((columns + tile_cols - 1) / tile_cols);
   plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
   const int64_t base_ctas = plan.grid_x(p.num_seqs);
 

@@ -42,9 +42,13 @@ constexpr int kTmaMaxStageSteps = 2;
 // kPair: D = 128 made of two adjacent kv heads of head_dim 64
 // (decode_pairs_kv_heads): each thread's K vectors lie in one head (k_vector),
 // so QK k-steps 0..3 are the first head's and 4..7 the second's.
-template <class Fmt, int D, bool kTma = false, bool kPair = false>
+// NT: n-tiles of 8 columns per CTA (the runs kernel's column tiles,
+// geometry::runs_col_tiles): every dequantised K and V fragment feeds NT
+// MMAs, so one pass over the pages serves 8 * NT (query row, q head) columns.
+template <class Fmt, int D, bool kTma = false, bool kPair = false, int NT = 1>
 struct DecodeConfig {
   static_assert(!kPair || D == 128, "pairs of head_dim-64 heads");
+  static_assert(NT >= 1 && (!kPair || NT == 1), "column tiles of unpaired heads");
   using Format = Fmt;
   static constexpr int kD = D;            // the kernel's head_dim (128 for a pair)
   static constexpr bool kTmaPath = kTma;  // K/V through the TMA ring
@@ -52,8 +56,9 @@ struct DecodeConfig {
   static constexpr int kHeadDim = kPair ? D / 2 : D;  // of q, the output and the split records
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kCols = kDecodeQHeadsPerCta;  // q heads per CTA (the MMA's N)
-  static_assert(kCols == 8, "one n-tile of q heads");
+  static constexpr int kColTiles = NT;
+  static constexpr int kCols = kDecodeQHeadsPerCta * NT;  // columns per CTA (the MMAs' N, 8 per n-tile)
+  static_assert(kDecodeQHeadsPerCta == 8, "n-tiles of 8 columns");
   static constexpr int kStepTokens = 16;
   static constexpr int kRowBytes = D * Fmt::kBits / 8;
   // K: a thread loads a quarter of each of two token rows (paired: a
@@ -78,7 +83,9 @@ struct DecodeConfig {
   // head_dim-256 register path is at the edge: small changes elsewhere in
   // the kernel have spilled 8-20 bytes there); more steps in flight (nvfp4
   // 384) or 3 CTAs per SM were measured slower (bench/RESULTS.md, v5, v8).
-  static constexpr int kInFlightBytes = Fmt::kBits == 4 ? 256 : 512;
+  // Column tiles (NT > 1) hold NT sets of accumulators: the register
+  // stages shrink by as much so that they do not spill either.
+  static constexpr int kInFlightBytes = (Fmt::kBits == 4 ? 256 : 512) / NT;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
   // TMA path: steps per ring stage (below); two where the ring still holds

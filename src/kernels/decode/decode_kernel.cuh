@@ -71,11 +71,13 @@ namespace metrale::kernels {
 
 // kRuns: columns are (query row, q head) pairs of query runs, with sinks,
 // soft-cap and lse (decode_runs.cuh); decode with those options runs it too.
-template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false>
-__global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
+// NT: the runs kernel's n-tiles of 8 columns (DecodeConfig).
+template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false, int NT = 1>
+__global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThreads)
     paged_decode_kernel(const __grid_constant__ KernelParams<kRuns> p) {
   static_assert(!(kRuns && kPair), "query runs take one kv head per CTA");
-  using Cfg = DecodeConfig<Fmt, D, kTma, kPair>;
+  static_assert(kRuns || NT == 1, "decode serves a group of at most 8 q heads per tile");
+  using Cfg = DecodeConfig<Fmt, D, kTma, kPair, NT>;
   constexpr int kHD = Cfg::kHeadDim;  // elements of a q row, an output row, a record
   using Op = typename Fmt::Op;
   constexpr int U = Cfg::kUnroll;
@@ -127,17 +129,19 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
   // The positions any column of the CTA attends (V outside them is zeroed).
   const int32_t span_begin = kRuns ? rc.range(0).begin : first_pos;
   const int32_t span_end = kRuns ? rc.range(cols - 1).end : seq_len;
-  // Runs: the thread's columns 2c, 2c+1 each mask their own range.
-  int32_t col_begin[2] = {0, 0}, col_end[2] = {0, 0};
+  // Runs: the thread's columns 8n + 2c, 8n + 2c + 1 of n-tile n each mask their own range.
+  int32_t col_begin[NT][2] = {}, col_end[NT][2] = {};
   if constexpr (kRuns) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (2 * c + j < cols) {
-        const QueryRange r = rc.range(2 * c + j);
-        col_begin[j] = r.begin;
-        col_end[j] = r.end;
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (8 * n + 2 * c + j < cols) {
+          const QueryRange r = rc.range(8 * n + 2 * c + j);
+          col_begin[n][j] = r.begin;
+          col_end[n][j] = r.end;
+        }
       }
-    }
   }
 
   // Q^T as B fragments of the QK k-steps, in registers: q head g of the
@@ -148,30 +152,43 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
   // column holds its q in both halves (each half's k-steps feed one
   // head's logits; the other head's products are never used, so the
   // columns need no zeros and a NaN in one head's K stays there).
-  uint32_t qf[Cfg::kKSteps][2];
-  const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * kHD;
-  if constexpr (kRuns) q_row = g < cols ? p.q + int64_t(rc.row(g)) * p.q_stride + int64_t(rc.head(g)) * kHD : p.q;
+  // Column tiles (NT > 1): n-tile n's fragment holds column 8n + g.
+  uint32_t qf[NT][Cfg::kKSteps][2];
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
-    float x[4];
+  for (int n = 0; n < NT; ++n) {
+    const int qc = 8 * n + g;  // the column this thread loads
+    const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * kHD;
+    if constexpr (kRuns)
+      q_row = qc < cols ? p.q + int64_t(rc.row(qc)) * p.q_stride + int64_t(rc.head(qc)) * kHD : p.q;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      constexpr int kEK = Cfg::kKElemsPerVec;
-      const int e = Fmt::k_elem(kk, r);
-      const int d = Cfg::k_vector(e / kEK, c) * kEK + e % kEK;
-      x[r] = g < cols ? codec::bf16_to_float(q_row[kPair ? d % kHD : d]) : 0.0f;
+    for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
+      float x[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        constexpr int kEK = Cfg::kKElemsPerVec;
+        const int e = Fmt::k_elem(kk, r);
+        const int d = Cfg::k_vector(e / kEK, c) * kEK + e % kEK;
+        x[r] = qc < cols ? codec::bf16_to_float(q_row[kPair ? d % kHD : d]) : 0.0f;
+      }
+      qf[n][kk][0] = pack2<Op>(x[0], x[1]);  // exact for bf16; f16 as docs/numerics.md says
+      qf[n][kk][1] = pack2<Op>(x[2], x[3]);
     }
-    qf[kk][0] = pack2<Op>(x[0], x[1]);  // exact for bf16; f16 as docs/numerics.md says
-    qf[kk][1] = pack2<Op>(x[2], x[3]);
   }
 
-  // O^T tiles: o[m] = rows (g, g+8) of head_dim tile m, q heads (2c, 2c+1).
-  float o[Cfg::kDTiles][4];
+  // O^T tiles: o[n][m] = rows (g, g+8) of head_dim tile m, columns 8n + (2c, 2c+1).
+  float o[NT][Cfg::kDTiles][4];
+  float m_run[NT][2], m_true[NT][2], l_part[NT][2];
 #pragma unroll
-  for (int m = 0; m < Cfg::kDTiles; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.0f;
-  float m_run[2] = {kNegInf, kNegInf};   // reference max of q heads 2c, 2c+1 (log2 units)
-  float m_true[2] = {kNegInf, kNegInf};  // this thread's exact max
-  float l_part[2] = {0.0f, 0.0f};        // this thread's share of sum exp2(x - m_run)
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int m = 0; m < Cfg::kDTiles; ++m) o[n][m][0] = o[n][m][1] = o[n][m][2] = o[n][m][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      m_run[n][j] = kNegInf;   // reference max of columns 8n + 2c + j (log2 units)
+      m_true[n][j] = kNegInf;  // this thread's exact max
+      l_part[n][j] = 0.0f;     // this thread's share of sum exp2(x - m_run)
+    }
+  }
   bool bad_page = false;
 
   const int32_t split_pos0 = pages.first * p.block_size;  // position of step 0
@@ -182,14 +199,19 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
   auto compute = [&](StepBuffers<Cfg>& b) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      // s = S^T rows (tokens g, g+8) x columns (q heads 2c, 2c+1), summed
+      // s[n] = S^T rows (tokens g, g+8) x columns 8n + (2c, 2c+1), summed
       // in two independent MMA chains (even / odd k-steps) where registers
       // allow: a chain of dependent MMAs pays the full MMA latency per link.
       // Paired heads: the chains are the two heads' k-steps, and each
       // column takes its own head's (rows g, g+8 of odd g hold the second
       // head in the first chain where kSwapOddTokens: both chains see the
-      // same q, as every column carries its q in both halves).
-      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      // same q, as every column carries its q in both halves). Each K
+      // fragment is dequantised once for the NT n-tiles.
+      float s[NT][4], s_odd[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[n][r] = s_odd[n][r] = 0.0f;
       // K group scales as f16x2 pairs: ksc[t][j] = groups (2j, 2j+1) of the
       // thread's scale bytes of token g + 8t; k-step kk takes group kk/4.
       uint32_t ksc[2][2] = {};
@@ -210,16 +232,20 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
         }
         Fmt::k_pair(b.kw[u][0], kk, ks0, a[0], a[2]);
         Fmt::k_pair(b.kw[u][1], kk, ks1, a[1], a[3]);
-        const bool odd_chain = kPair ? kk >= Cfg::kKSteps / 2 : kk % 2 && D <= 128;
-        mma_16816<Op>(odd_chain ? s_odd : s, a, qf[kk][0], qf[kk][1]);
+        // One chain per n-tile where several n-tiles interleave already.
+        const bool odd_chain = kPair ? kk >= Cfg::kKSteps / 2 : NT == 1 && kk % 2 && D <= 128;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) mma_16816<Op>(odd_chain ? s_odd[n] : s[n], a, qf[n][kk][0], qf[n][kk][1]);
       }
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        if constexpr (kPair)
-          s[r] = (2 * c + r % 2 >= cols / 2) != odd_tokens_swapped ? s_odd[r] : s[r];  // the column's head
-        else
-          s[r] += s_odd[r];
-      }
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          if constexpr (kPair)
+            s[n][r] = (2 * c + r % 2 >= cols / 2) != odd_tokens_swapped ? s_odd[n][r] : s[n][r];  // the column's head
+          else if constexpr (NT == 1)
+            s[n][r] += s_odd[n][r];
+        }
       // Logits in log2 units; positions outside [first_pos, seq_len) are masked.
       // Most steps lie wholly inside the attended range (warp-uniform test)
       // and skip the V masking below.
@@ -227,58 +253,74 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
       const bool live = (b.live >> u) & 1u;
       const int32_t pos0 = split_pos0 + st * Cfg::kStepTokens;  // pages hold whole steps
       const bool full = live && pos0 >= span_begin && pos0 + Cfg::kStepTokens <= span_end;
-      float x[4];
+      float x[NT][4];
       if constexpr (kRuns) {
-        // x[r]: token g + 8 (r / 2), column 2c + r % 2, each in its column's range.
+        // x[n][r]: token g + 8 (r / 2), column 8n + 2c + r % 2, each in its column's range.
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int32_t t = pos0 + g + 8 * (r / 2);
-          const bool ok = live && t >= col_begin[r % 2] && t < col_end[r % 2];
-          const float z = p.softcap_log2 > 0.0f ? p.softcap_log2 * fast_tanh(s[r] * p.softcap_scale)
-                                                : s[r] * p.qk_log2_scale;
-          x[r] = ok ? z : kNegInf;
-        }
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int32_t t = pos0 + g + 8 * (r / 2);
+            const bool ok = live && t >= col_begin[n][r % 2] && t < col_end[n][r % 2];
+            const float z = p.softcap_log2 > 0.0f ? p.softcap_log2 * fast_tanh(s[n][r] * p.softcap_scale)
+                                                  : s[n][r] * p.qk_log2_scale;
+            x[n][r] = ok ? z : kNegInf;
+          }
       } else {
         const bool ok_lo = live && pos0 + g >= first_pos && pos0 + g < seq_len;
         const bool ok_hi = live && pos0 + g + 8 >= first_pos && pos0 + g + 8 < seq_len;
-        x[0] = ok_lo ? s[0] * p.qk_log2_scale : kNegInf;
-        x[1] = ok_lo ? s[1] * p.qk_log2_scale : kNegInf;
-        x[2] = ok_hi ? s[2] * p.qk_log2_scale : kNegInf;
-        x[3] = ok_hi ? s[3] * p.qk_log2_scale : kNegInf;
+        x[0][0] = ok_lo ? s[0][0] * p.qk_log2_scale : kNegInf;
+        x[0][1] = ok_lo ? s[0][1] * p.qk_log2_scale : kNegInf;
+        x[0][2] = ok_hi ? s[0][2] * p.qk_log2_scale : kNegInf;
+        x[0][3] = ok_hi ? s[0][3] * p.qk_log2_scale : kNegInf;
       }
-      float mx[2] = {fmaxf(x[0], x[2]), fmaxf(x[1], x[3])};
-      m_true[0] = fmaxf(m_true[0], mx[0]);
-      m_true[1] = fmaxf(m_true[1], mx[1]);
-      // The reference max is shared by the 8 threads of a column (same c):
-      // raised only when some logit passes it by the threshold.
-      const bool raise = mx[0] > m_run[0] + Cfg::kRescaleThreshold || mx[1] > m_run[1] + Cfg::kRescaleThreshold;
+      float mx[NT][2];
+      bool raise = false;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        mx[n][0] = fmaxf(x[n][0], x[n][2]);
+        mx[n][1] = fmaxf(x[n][1], x[n][3]);
+        m_true[n][0] = fmaxf(m_true[n][0], mx[n][0]);
+        m_true[n][1] = fmaxf(m_true[n][1], mx[n][1]);
+        // The reference max is shared by the 8 threads of a column (same c):
+        // raised only when some logit passes it by the threshold.
+        raise = raise || mx[n][0] > m_run[n][0] + Cfg::kRescaleThreshold ||
+                mx[n][1] > m_run[n][1] + Cfg::kRescaleThreshold;
+      }
       if (__any_sync(0xffffffffu, raise)) {
-        float f[2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 4));
-          mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 8));
-          mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 16));
-          const float m_new = fmaxf(m_run[j], mx[j]);
-          f[j] = m_new == kNegInf ? 1.0f : fast_exp2(m_run[j] - m_new);
-          m_run[j] = m_new;
-          l_part[j] *= f[j];
-        }
+        for (int n = 0; n < NT; ++n) {
+          float f[2];
 #pragma unroll
-        for (int m = 0; m < Cfg::kDTiles; ++m) {
-          o[m][0] *= f[0], o[m][1] *= f[1];
-          o[m][2] *= f[0], o[m][3] *= f[1];
+          for (int j = 0; j < 2; ++j) {
+            mx[n][j] = fmaxf(mx[n][j], __shfl_xor_sync(0xffffffffu, mx[n][j], 4));
+            mx[n][j] = fmaxf(mx[n][j], __shfl_xor_sync(0xffffffffu, mx[n][j], 8));
+            mx[n][j] = fmaxf(mx[n][j], __shfl_xor_sync(0xffffffffu, mx[n][j], 16));
+            const float m_new = fmaxf(m_run[n][j], mx[n][j]);
+            f[j] = m_new == kNegInf ? 1.0f : fast_exp2(m_run[n][j] - m_new);
+            m_run[n][j] = m_new;
+            l_part[n][j] *= f[j];
+          }
+#pragma unroll
+          for (int m = 0; m < Cfg::kDTiles; ++m) {
+            o[n][m][0] *= f[0], o[n][m][1] *= f[1];
+            o[n][m][2] *= f[0], o[n][m][3] *= f[1];
+          }
         }
       }
-      const float ref0 = m_run[0] == kNegInf ? 0.0f : m_run[0];
-      const float ref1 = m_run[1] == kNegInf ? 0.0f : m_run[1];
-      const float p0 = fast_exp2(x[0] - ref0), p1 = fast_exp2(x[1] - ref1);
-      const float p2 = fast_exp2(x[2] - ref0), p3 = fast_exp2(x[3] - ref1);
-      l_part[0] += p0 + p2;
-      l_part[1] += p1 + p3;
-      // P^T as the B fragment of PV: (tokens 2c, 2c+1 | 2c+8, 2c+9; q head g).
-      const uint32_t pb0 = movmatrix_trans(pack2<Op>(p0, p1));
-      const uint32_t pb1 = movmatrix_trans(pack2<Op>(p2, p3));
+      // P^T as the B fragments of PV: (tokens 2c, 2c+1 | 2c+8, 2c+9; column 8n + g).
+      uint32_t pb0[NT], pb1[NT];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float ref0 = m_run[n][0] == kNegInf ? 0.0f : m_run[n][0];
+        const float ref1 = m_run[n][1] == kNegInf ? 0.0f : m_run[n][1];
+        const float p0 = fast_exp2(x[n][0] - ref0), p1 = fast_exp2(x[n][1] - ref1);
+        const float p2 = fast_exp2(x[n][2] - ref0), p3 = fast_exp2(x[n][3] - ref1);
+        l_part[n][0] += p0 + p2;
+        l_part[n][1] += p1 + p3;
+        pb0[n] = movmatrix_trans(pack2<Op>(p0, p1));
+        pb1[n] = movmatrix_trans(pack2<Op>(p2, p3));
+      }
       // Unattended slots hold whatever the cache held (possibly NaN codes):
       // a zero weight times NaN is NaN, so their V operands are zeroed too.
       if (!full) {
@@ -292,7 +334,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
         }
       }
       // Two tiles at a time: elements 2m .. 2m+3 of the V eighth rows (one
-      // NVFP4 scale group: groups are 8 or 16 aligned elements).
+      // NVFP4 scale group: groups are 8 or 16 aligned elements), each
+      // dequantised once for the NT n-tiles.
 #pragma unroll
       for (int m = 0; m < Cfg::kDTiles; m += 2) {
         uint32_t vs01 = 0, vs89 = 0;
@@ -306,8 +349,11 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
         Fmt::v_quad(b.vw[u][0], b.vw[u][1], 2 * m, vs01, lo);
         Fmt::v_quad(b.vw[u][2], b.vw[u][3], 2 * m, vs89, hi);
         const uint32_t a0[4] = {lo[0], lo[1], hi[0], hi[1]}, a1[4] = {lo[2], lo[3], hi[2], hi[3]};
-        mma_16816<Op>(o[m], a0, pb0, pb1);
-        mma_16816<Op>(o[m + 1], a1, pb0, pb1);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          mma_16816<Op>(o[n][m], a0, pb0[n], pb1[n]);
+          mma_16816<Op>(o[n][m + 1], a1, pb0[n], pb1[n]);
+        }
       }
     }
   };
@@ -329,37 +375,47 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair>::kThreads)
 
   // ---- merge the warps' states ----
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
+  for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int x = 4; x < 32; x *= 2) {
-      l_part[j] += __shfl_xor_sync(0xffffffffu, l_part[j], x);
-      m_true[j] = fmaxf(m_true[j], __shfl_xor_sync(0xffffffffu, m_true[j], x));
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int x = 4; x < 32; x *= 2) {
+        l_part[n][j] += __shfl_xor_sync(0xffffffffu, l_part[n][j], x);
+        m_true[n][j] = fmaxf(m_true[n][j], __shfl_xor_sync(0xffffffffu, m_true[n][j], x));
+      }
     }
-  }
   // The warps' O^T tiles go through shared memory as [warp][col][D], d
   // XOR-swizzled per (col, 32-element block): t = c + 4 * (g's bits above
   // those that select a bank) flips only bits inside a thread's vector, so
   // both the fragment stores (lanes g, c) and the row reads below (32
   // consecutive d) are free of bank conflicts (the plain layout put up to 8
   // lanes of a store on one bank; with it the stores took 0.6 us per CTA).
+  // Column tiles swizzle alike (each n-tile's stores are instructions of their own).
   constexpr int kEV = Cfg::kVElemsPerVec;
-  auto o_index = [](int col, int d) { return col * D + (d ^ ((col >> 1) + 4 * ((d >> 5) & (kEV / 4 - 1)))); };
+  auto o_index = [](int col, int d) {
+    const int tcol = NT == 1 ? col : col % 8;
+    return col * D + (d ^ ((tcol >> 1) + 4 * ((d >> 5) & (kEV / 4 - 1))));
+  };
   float* my_o = obuf + warp * kCols * D;
 #pragma unroll
-  for (int m = 0; m < Cfg::kDTiles; ++m) {
+  for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int e = 2 * m + r / 2, col = 2 * c + r % 2;
-      my_o[o_index(col, ((e / kEV) * 8 + g) * kEV + e % kEV)] = o[m][r];
+    for (int m = 0; m < Cfg::kDTiles; ++m) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int e = 2 * m + r / 2, col = 8 * n + 2 * c + r % 2;
+        my_o[o_index(col, ((e / kEV) * 8 + g) * kEV + e % kEV)] = o[n][m][r];
+      }
     }
-  }
   if (g == 0) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      m_buf[warp * kCols + 2 * c + j] = m_run[j];
-      l_buf[warp * kCols + 2 * c + j] = l_part[j];
-      mt_buf[warp * kCols + 2 * c + j] = m_true[j];
-    }
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        m_buf[warp * kCols + 8 * n + 2 * c + j] = m_run[n][j];
+        l_buf[warp * kCols + 8 * n + 2 * c + j] = l_part[n][j];
+        mt_buf[warp * kCols + 8 * n + 2 * c + j] = m_true[n][j];
+      }
   }
   const bool bad = __syncthreads_or(bad_page);
 

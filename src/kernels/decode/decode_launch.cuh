@@ -17,11 +17,11 @@
 namespace metrale::kernels {
 
 // One instantiation, as a type.
-template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false>
+template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false, int NT = 1>
 struct DecodeInstance {
   static constexpr bool kQueryRuns = kRuns;
-  using Cfg = DecodeConfig<Fmt, D, kTma, kPair>;
-  static constexpr auto kernel = paged_decode_kernel<Fmt, D, kTma, kPair, kRuns>;
+  using Cfg = DecodeConfig<Fmt, D, kTma, kPair, NT>;
+  static constexpr auto kernel = paged_decode_kernel<Fmt, D, kTma, kPair, kRuns, NT>;
   // Allows the instantiation's dynamic shared memory (> 48 KB), once.
   static void allow_smem() {
     static const bool ok =
@@ -34,10 +34,17 @@ struct DecodeInstance {
 // shipped set is head_dim 64, 128, 256 and pairs of 64 (run at 128), each
 // through registers, and for the unscaled formats also through TMA
 // (DecodeConfig says why not NVFP4); and the runs kernel (query runs,
-// sinks, soft-cap, lse) at head_dim 64, 128, 256 on both paths.
+// sinks, soft-cap, lse) at head_dim 64, 128, 256 on both paths, at 64 and
+// 128 also with the column tiles of geometry::runs_col_tiles.
 template <class Fmt, bool kTma, class F>
 void with_decode_head_dim(const DecodeKernelId& id, F&& f) {
-  if (id.runs) {
+  static_assert(geometry::kMaxRunsColTiles == 2, "the column tiles instantiated below");
+  if (id.runs && id.col_tiles == 2) {
+    switch (id.head_dim) {
+      case 64: return f(DecodeInstance<Fmt, 64, kTma, false, true, 2>{});
+      case 128: return f(DecodeInstance<Fmt, 128, kTma, false, true, 2>{});
+    }
+  } else if (id.runs && id.col_tiles == 1) {
     switch (id.head_dim) {
       case 64: return f(DecodeInstance<Fmt, 64, kTma, false, true>{});
       case 128: return f(DecodeInstance<Fmt, 128, kTma, false, true>{});
@@ -52,7 +59,8 @@ void with_decode_head_dim(const DecodeKernelId& id, F&& f) {
       case 256: return f(DecodeInstance<Fmt, 256, kTma, false>{});
     }
   }
-  detail::throw_unsupported("head_dim", id.head_dim, "64, 128, 256 (128 for a pair of kv heads of 64)");
+  detail::throw_unsupported("head_dim", id.head_dim,
+                            "64, 128, 256 (128 for a pair of kv heads of 64; 64 or 128 for 2 column tiles)");
 }
 template <class Fmt, class F>
 void with_decode_instance(const DecodeKernelId& id, F&& f) {
