@@ -150,10 +150,13 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
       c.block_size = 16;
       c.seq_lens = {int32_t(200 + rng() % 300), int32_t(100 + rng() % 600), int32_t(50 + rng() % 100)};
       RunsProblem rp(c, {int32_t(1 + rng() % 16), 12, int32_t(1 + rng() % 16)}, rng());
-      // Sequence 0: its last page is corrupt. Sequence 1: K of kv head 1 at
-      // its next-to-last position is NaN (element d), seen by its last two rows.
-      const int32_t L0 = rp.p.seq_lens[0], L1 = rp.p.seq_lens[1];
-      rp.p.block_tables[(L0 - 1) / c.block_size] = int32_t(rp.p.layout.num_blocks) + 3;
+      // Sequence 0: its first page is corrupt (every row attends it: its run
+      // is NaN by both the float64 reference's rule and the kernels' rule,
+      // which makes the whole run NaN wherever a row attends a bad page).
+      // Sequence 1: K of kv head 1 at its next-to-last position is NaN
+      // (element d), seen by its last two rows.
+      const int32_t L1 = rp.p.seq_lens[1];
+      rp.p.block_tables[0] = int32_t(rp.p.layout.num_blocks) + 3;
       poison_cache(rp.p, 'k', 1, L1 - 2, 1, int32_t(rng() % D));
       SCOPED_TRACE(c.describe());
       DeviceRuns dr(rp);

@@ -33,6 +33,11 @@ struct DecodeProblem {
   int32_t num_q_rows = 0;
   // Sinks, soft-cap or lse requested: the runs kernel serves them (decode too).
   bool attn_options = false;
+  // Rows given as runs (q_start), whatever their lengths: the runs kernel.
+  bool query_runs = false;
+
+  // Whether the plan's kernel is the runs kernel (one definition).
+  bool runs_kernel() const { return query_runs || max_q_len > 1 || attn_options; }
 };
 
 // The query rows a problem's plan is made for (num_q_rows, or num_seqs).

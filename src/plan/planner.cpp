@@ -96,6 +96,7 @@ DecodeProblem decode_problem(const PagedAttnArgs& a, int32_t max_seq_len, int32_
                 : (max_q_len > 0 ? max_q_len : (a.max_q_len > 0 ? a.max_q_len : std::max(capacity, 1)));
   p.num_q_rows = a.num_q_rows;
   p.attn_options = a.sinks != nullptr || a.softcap > 0.0f || a.lse != nullptr;
+  p.query_runs = a.q_start != nullptr;
   return p;
 }
 
@@ -105,7 +106,7 @@ DecodeProblem decode_problem(const DecodeArgs& a, int32_t max_seq_len) {
 
 DecodeKernelId DecodePlan::kernel() const {
   return DecodeKernelId{problem.layout.format, pair_kv_heads ? 2 * problem.layout.head_dim : problem.layout.head_dim,
-                        load_path, pair_kv_heads, problem.max_q_len > 1 || problem.attn_options, col_tiles};
+                        load_path, pair_kv_heads, problem.runs_kernel(), col_tiles};
 }
 
 DecodePlan plan_decode(const DecodeProblem& p, const DecodeTarget& target, const DecodePlanOptions& options) {
@@ -134,11 +135,11 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   switch (opt.pairing) {
     case DecodePairing::automatic:
       plan.pair_kv_heads =
-          p.max_q_len == 1 && !p.attn_options && decode_pairs_kv_heads(D, H, group, p.num_seqs, target.num_sms);
+          !p.runs_kernel() && decode_pairs_kv_heads(D, H, group, p.num_seqs, target.num_sms);
       break;
     case DecodePairing::off: plan.pair_kv_heads = false; break;
     case DecodePairing::on:
-      if (!decode_can_pair_kv_heads(D, H, group) || p.max_q_len != 1 || p.attn_options)
+      if (!decode_can_pair_kv_heads(D, H, group) || p.runs_kernel())
         detail::throw_unsupported("pairing", "on",
                                   "decode (runs of one row) at head_dim 64, an even num_kv_heads and at most 4 q "
                                   "heads per kv head");
@@ -150,7 +151,7 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   // A CTA's columns are (query row, q head) pairs of its kv unit: a run of n
   // rows fills ceil(n * unit_group / (8 * col_tiles)) tiles.
   const int64_t columns = int64_t(p.max_q_len) * plan.unit_group;
-  const bool runs = p.max_q_len > 1 || p.attn_options;
+  const bool runs = p.runs_kernel();
   METRALE_CHECK_ARG(opt.col_tiles >= 0 && opt.col_tiles <= kMaxRunsColTiles, "col_tiles", opt.col_tiles,
                     "0 (the planner's) or 1.." + std::to_string(kMaxRunsColTiles));
   if (opt.col_tiles > 1 && (!runs || D > 128))
