@@ -374,7 +374,7 @@ TEST(CpuCacheWrite, OverlappingOrMisalignedStridesAreRejected) {
 
 // Independent count of the saturated elements of p's written tokens: |x| in
 // E4M3 units (FP8 x / scale as the quantizer's x * (1/scale); NVFP4 x / (6 g))
-// past 448, infinities included, NaN never.
+// past 464 (where rounding to 448 ends), infinities included, NaN never.
 std::pair<int64_t, int64_t> naive_saturated(const HostProblem& p) {
   const KvCacheLayout& l = p.layout;
   int64_t n[2] = {0, 0};
@@ -388,7 +388,7 @@ std::pair<int64_t, int64_t> naive_saturated(const HostProblem& p) {
       for (int64_t i = 0; i < int64_t(l.num_kv_heads) * l.head_dim; ++i) {
         const float x = codec::bf16_to_float(rows[size_t(j * p.kv_row_stride + i)]);
         const float q = l.format == KvFormat::fp8_e4m3 ? x * t : x / t;
-        n[kv] += !std::isnan(q) && std::fabs(q) > 448.0f;
+        n[kv] += !std::isnan(q) && std::fabs(q) > 464.0f;
       }
     }
   }
@@ -435,14 +435,14 @@ TEST(CpuCacheWrite, SaturationBoundary) {
   for (KvFormat f : {KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
     SCOPED_TRACE(to_string(f));
     HostProblem p = make_problem(DecodeCase{f, 64, 16, 1, 1, {1}}, 5);
-    p.scales = KvScales{};  // all 1: the limit is 448 (fp8) or 6 * 448 = 2688 (nvfp4)
-    const float lim = f == KvFormat::fp8_e4m3 ? 448.0f : 2688.0f;
+    p.scales = KvScales{};  // all 1: the bound is 464 (fp8) or 6 * 464 = 2784 (nvfp4)
+    const float lim = f == KvFormat::fp8_e4m3 ? 464.0f : 2784.0f;
     const float step = f == KvFormat::fp8_e4m3 ? 2.0f : 16.0f;  // the bf16 spacing there
     const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
     // Per 16-element group: {values}, and how many saturate.
     const std::vector<std::pair<std::vector<float>, int>> groups = {
-        {{lim, -lim, 1.0f}, 0},                      // at the limit: not saturated
-        {{lim + step, 3.0f, -(lim + step)}, 2},      // just past it (rounds to the limit, still counted)
+        {{lim, -lim, 1.0f, lim * (448.0f / 464.0f)}, 0},  // at the bound (rounds to 448): not saturated
+        {{lim + step, 3.0f, -(lim + step)}, 2},           // just past it
         {{inf, -inf, nan, lim * 4}, 3},              // infinities count, NaN never
         {{nan, lim * 2, 0.5f}, 1},                   // beside a NaN (an NVFP4 group scale NaN)
     };

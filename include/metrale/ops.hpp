@@ -27,9 +27,10 @@ namespace metrale {
 // (num_tokens-1)*token stride + D).
 // A negative slot is padding and skipped; a slot >= capacity is skipped and
 // counted in *skipped. Elements past the calibrated range of the cache's
-// scales (codec::fp8_saturates / nvfp4_saturates; BF16 never saturates) are
-// clipped to the format's largest value and counted in saturated[0] (K) and
-// saturated[1] (V), over the written tokens only.
+// scales, clipped to the format's largest value (codec::fp8_saturates /
+// nvfp4_saturates: |x| / scale, or |x| / (6 g), past 464, the rounding
+// interval of E4M3's largest code 448; BF16 never saturates), are counted in
+// saturated[0] (K) and saturated[1] (V), over the written tokens only.
 struct CacheWriteArgs {
   const bf16* key = nullptr;             // 16-byte aligned; head h of token j at key + j*key_stride + h*key_head_stride
   int64_t key_stride = 0;                // elements between tokens, a multiple of 8
