@@ -262,6 +262,231 @@ TEST(CpuCacheWrite, EmptyBatchWritesNothing) {
   EXPECT_TRUE(p.k_cache == k);
 }
 
+// ---- head-strided inputs (issue 19, point 1) ----
+
+// p's K or V rows re-laid with token stride ts and head stride hs in a buffer
+// of `elems` elements whose other elements are NaN (they must not be read).
+std::vector<bf16> relaid(const HostProblem& p, const std::vector<bf16>& rows, int64_t ts, int64_t hs, int64_t elems,
+                         int64_t base) {
+  std::vector<bf16> out(size_t(elems), bf16{0x7fc0});
+  const int64_t H = p.layout.num_kv_heads, D = p.layout.head_dim;
+  for (int64_t j = 0; j < p.num_tokens(); ++j)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < D; ++d) out[size_t(base + j * ts + h * hs + d)] = rows[size_t(j * p.kv_row_stride + h * D + d)];
+  return out;
+}
+
+TEST(CpuCacheWrite, HeadStridedInputsWriteLikePackedRows) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : kFormats)
+    for (int layout_kind = 0; layout_kind < 3; ++layout_kind) {
+      DecodeCase c = write_case(f, rng);
+      c.num_kv_heads = 1 + int32_t(rng() % 4);
+      SCOPED_TRACE(c.describe());
+      HostProblem p = make_problem(c, rng());
+      const int64_t T = p.num_tokens(), H = c.num_kv_heads, D = c.head_dim;
+      // 0: transformers' (T, H, S, D) cache tensor sliced at position s0, key[:, :, s0];
+      // 1: one sequence's tokens of it, key[0] read as (S = T, H, D), heads padded apart;
+      // 2: token-major with heads padded apart (a head stride > D).
+      int64_t ts = 0, hs = 0, base = 0, elems = 0;
+      if (layout_kind == 0) {
+        const int64_t S = 1 + int64_t(rng() % 4), s0 = int64_t(rng() % uint64_t(S));
+        ts = H * S * D, hs = S * D, base = s0 * D, elems = T * H * S * D;
+      } else if (layout_kind == 1) {
+        ts = D, hs = T * D + 8 * int64_t(rng() % 3), elems = H * hs;
+      } else {
+        hs = D + 8 * int64_t(1 + rng() % 3), ts = H * hs + 8 * int64_t(rng() % 2), elems = T * ts;
+      }
+      SCOPED_TRACE("token stride " + std::to_string(ts) + ", head stride " + std::to_string(hs));
+      const std::vector<bf16> key = relaid(p, p.key, ts, hs, elems + 8, base);
+      const std::vector<bf16> value = relaid(p, p.value, ts, hs, elems + 8, base);
+      p.k_cache = garbage(p.k_cache.size(), rng);
+      p.v_cache = garbage(p.v_cache.size(), rng);
+      const std::vector<uint8_t> want_k = expected_cache(p, p.key, true, p.k_cache);
+      const std::vector<uint8_t> want_v = expected_cache(p, p.value, false, p.v_cache);
+      // The packed rows' saturation counts: the strided write must count the same.
+      std::vector<uint8_t> k_copy = p.k_cache, v_copy = p.v_cache;
+      CacheWriteArgs packed = p.write_args();
+      packed.cache.k = k_copy.data();
+      packed.cache.v = v_copy.data();
+      int64_t packed_sat[2] = {0, 0};
+      packed.saturated = packed_sat;
+      cpu::reshape_and_cache(packed);
+
+      CacheWriteArgs w = p.write_args();
+      w.key = key.data() + base;
+      w.value = value.data() + base;
+      w.key_stride = w.value_stride = ts;
+      w.key_head_stride = w.value_head_stride = hs;
+      int64_t sat[2] = {0, 0};
+      w.saturated = sat;
+      EXPECT_EQ(cpu::reshape_and_cache(w), 0);
+      EXPECT_TRUE(p.k_cache == want_k) << "K cache: " << first_difference(p, p.k_cache, want_k);
+      EXPECT_TRUE(p.v_cache == want_v) << "V cache: " << first_difference(p, p.v_cache, want_v);
+      EXPECT_EQ(sat[0], packed_sat[0]);
+      EXPECT_EQ(sat[1], packed_sat[1]);
+    }
+}
+
+TEST(CpuCacheWrite, OverlappingOrMisalignedStridesAreRejected) {
+  DecodeCase c;
+  c.format = KvFormat::fp8_e4m3;
+  c.head_dim = 64;
+  c.num_kv_heads = 4;
+  c.seq_lens = {9};
+  HostProblem p = make_problem(c, 11);
+  const std::vector<uint8_t> k_before = p.k_cache;
+  const int64_t T = p.num_tokens(), H = 4, D = 64;
+  auto expect_rejected = [&](int64_t ts, int64_t hs, const char* arg) {
+    CacheWriteArgs w = p.write_args();
+    w.key_stride = ts;
+    w.key_head_stride = hs;
+    try {
+      cpu::reshape_and_cache(w);
+      ADD_FAILURE() << "token stride " << ts << ", head stride " << hs << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + arg + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::to_string(arg[4] == 'h' ? hs : ts)), std::string::npos) << e.what();
+    }
+  };
+  expect_rejected(H * D, D + 4, "key_head_stride");       // not a multiple of 8
+  expect_rejected(H * D, -64, "key_head_stride");         // negative
+  expect_rejected((H - 1) * 72 + D - 8, 72, "key_stride"); // the last head runs into the next token
+  expect_rejected(D, (T - 1) * D, "key_stride");          // head-major, heads overlap
+  expect_rejected(0, T * D, "key_stride");                // every token the same row
+  expect_rejected(H * D - 8, 0, "key_stride");            // packed heads: the plain row rule
+  EXPECT_TRUE(p.k_cache == k_before);
+  // Accepted: both nestings at their tightest.
+  CacheWriteArgs w = p.write_args();
+  w.key_stride = (H - 1) * 72 + D;
+  w.key_head_stride = 72;
+  std::vector<bf16> big(size_t(T * H * 80 + T * D * H + 64));
+  w.key = big.data();
+  EXPECT_NO_THROW(cpu::reshape_and_cache(w));
+  w.key_stride = D;
+  w.key_head_stride = T * D;
+  EXPECT_NO_THROW(cpu::reshape_and_cache(w));
+}
+
+// ---- saturation counts (issue 19, point 7) ----
+
+// Independent count of the saturated elements of p's written tokens: |x| in
+// E4M3 units (FP8 x / scale as the quantizer's x * (1/scale); NVFP4 x / (6 g))
+// past 464 (where rounding to 448 ends), infinities included, NaN never.
+std::pair<int64_t, int64_t> naive_saturated(const HostProblem& p) {
+  const KvCacheLayout& l = p.layout;
+  int64_t n[2] = {0, 0};
+  if (l.format == KvFormat::bf16) return {0, 0};
+  for (int64_t j = 0; j < p.num_tokens(); ++j) {
+    if (p.slot_mapping[j] < 0 || p.slot_mapping[j] >= l.capacity_slots()) continue;
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<bf16>& rows = kv ? p.value : p.key;
+      const float t = l.format == KvFormat::fp8_e4m3 ? 1.0f / (kv ? p.scales.v_scale : p.scales.k_scale)
+                                                     : 6.0f * (kv ? p.scales.v_global_scale : p.scales.k_global_scale);
+      for (int64_t i = 0; i < int64_t(l.num_kv_heads) * l.head_dim; ++i) {
+        const float x = codec::bf16_to_float(rows[size_t(j * p.kv_row_stride + i)]);
+        const float q = l.format == KvFormat::fp8_e4m3 ? x * t : x / t;
+        n[kv] += !std::isnan(q) && std::fabs(q) > 464.0f;
+      }
+    }
+  }
+  return {n[0], n[1]};
+}
+
+TEST(CpuCacheWrite, SaturatedElementsAreCountedPerWrite) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (KvFormat f : kFormats)
+    for (int rep = 0; rep < 3; ++rep) {
+      DecodeCase c = write_case(f, rng);
+      SCOPED_TRACE(c.describe());
+      HostProblem p = make_problem(c, rng());
+      // Scales calibrated on a smaller range than the data (a prompt's absmax
+      // exceeded at decode time): some values saturate.
+      const float shrink = std::vector<float>{1.0f, 0.8f, 0.3f}[size_t(rep)];
+      p.scales.k_scale *= shrink;
+      p.scales.v_scale *= shrink * 0.9f;
+      p.scales.k_global_scale *= shrink;
+      p.scales.v_global_scale *= shrink * 0.9f;
+      // A few out-of-capacity tokens: not written, not counted.
+      for (int64_t j = 0; j < p.num_tokens(); j += 9)
+        if (p.slot_mapping[j] >= 0) p.slot_mapping[j] = p.layout.capacity_slots() + j;
+      const auto [want_k, want_v] = naive_saturated(p);
+      if (f != KvFormat::bf16 && rep == 2) EXPECT_GT(want_k + want_v, 0) << "the test should saturate";
+      CacheWriteArgs w = p.write_args();
+      int64_t sat[2] = {7, 11};  // accumulates
+      w.saturated = sat;
+      cpu::reshape_and_cache(w);
+      EXPECT_EQ(sat[0], 7 + want_k);
+      EXPECT_EQ(sat[1], 11 + want_v);
+      // The codes are those of the same write without a counter.
+      const std::vector<uint8_t> k = p.k_cache, v = p.v_cache;
+      w.saturated = nullptr;
+      cpu::reshape_and_cache(w);
+      EXPECT_TRUE(p.k_cache == k && p.v_cache == v);
+    }
+}
+
+TEST(CpuCacheWrite, SaturationBoundary) {
+  // One token, one head of 64: values at and past the calibrated range.
+  for (KvFormat f : {KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    SCOPED_TRACE(to_string(f));
+    HostProblem p = make_problem(DecodeCase{f, 64, 16, 1, 1, {1}}, 5);
+    p.scales = KvScales{};  // all 1: the bound is 464 (fp8) or 6 * 464 = 2784 (nvfp4)
+    const float lim = f == KvFormat::fp8_e4m3 ? 464.0f : 2784.0f;
+    const float step = f == KvFormat::fp8_e4m3 ? 2.0f : 16.0f;  // the bf16 spacing there
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    // Per 16-element group: {values}, and how many saturate.
+    const std::vector<std::pair<std::vector<float>, int>> groups = {
+        {{lim, -lim, 1.0f, lim * (448.0f / 464.0f)}, 0},  // at the bound (rounds to 448): not saturated
+        {{lim + step, 3.0f, -(lim + step)}, 2},           // just past it
+        {{inf, -inf, nan, lim * 4}, 3},              // infinities count, NaN never
+        {{nan, lim * 2, 0.5f}, 1},                   // beside a NaN (an NVFP4 group scale NaN)
+    };
+    std::vector<bf16> row(64, codec::float_to_bf16(0.25f));
+    int want = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t i = 0; i < groups[g].first.size(); ++i) row[g * 16 + i * 3] = codec::float_to_bf16(groups[g].first[i]);
+      want += groups[g].second;
+    }
+    p.key = row;
+    p.value = row;
+    p.kv_row_stride = 64;
+    p.slot_mapping = {3};
+    int64_t sat[2] = {0, 0};
+    CacheWriteArgs w = p.write_args();
+    w.saturated = sat;
+    cpu::reshape_and_cache(w);
+    EXPECT_EQ(sat[0], want);
+    EXPECT_EQ(sat[1], want);
+    const auto [nk, nv] = naive_saturated(p);
+    EXPECT_EQ(nk, want);
+    EXPECT_EQ(nv, want);
+  }
+}
+
+TEST(CpuCacheWrite, Bf16NeverSaturates) {
+  HostProblem p = make_problem(DecodeCase{KvFormat::bf16, 64, 16, 2, 1, {20}}, 9);
+  for (bf16& x : p.key) x = codec::float_to_bf16(1e30f);
+  int64_t sat[2] = {0, 0};
+  CacheWriteArgs w = p.write_args();
+  w.saturated = sat;
+  cpu::reshape_and_cache(w);
+  EXPECT_EQ(sat[0], 0);
+  EXPECT_EQ(sat[1], 0);
+}
+
+TEST(CpuCacheWrite, MisalignedSaturatedCounterIsRejected) {
+  HostProblem p = make_problem(DecodeCase{KvFormat::fp8_e4m3, 64, 16, 2, 1, {4}}, 9);
+  alignas(8) int64_t sat[3] = {0, 0, 0};
+  CacheWriteArgs w = p.write_args();
+  w.saturated = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(sat) + 4);
+  EXPECT_THROW(cpu::reshape_and_cache(w), InvalidArgument);
+}
+
 // ---- bf16_absmax and calibration ----
 
 TEST(CpuAbsmax, StridedRowsIgnoreNaNAndFold) {

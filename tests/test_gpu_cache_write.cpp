@@ -2,7 +2,9 @@
 // cuda::reshape_and_cache must leave the device K and V caches byte-identical
 // to what cpu::reshape_and_cache leaves in host caches that started with the
 // same random garbage (codes, scales, skipped slots and page padding alike),
-// never touch memory outside the caches, and count the same skipped tokens.
+// never touch memory outside the caches, and count the same skipped tokens
+// and saturated elements; inputs are fused QKV rows, separate rows, or
+// head-strided views (transformers' head-major cache tensors).
 // cuda::bf16_absmax must give exactly cpu::bf16_absmax.
 //
 // Randomized tests draw their seed from std::random_device; it is printed via
@@ -265,6 +267,7 @@ struct Problem {
   // Inputs: one host buffer holds K and V rows (fused QKV when `fused`).
   std::vector<bf16> kv_host;
   int64_t key_offset = 0, value_offset = 0, key_stride = 0, value_stride = 0;
+  int64_t key_head_stride = 0, value_head_stride = 0;  // 0: packed heads
   std::vector<int64_t> slots;
   std::vector<uint8_t> k_garbage, v_garbage;
 };
@@ -317,12 +320,15 @@ Problem make_problem(std::mt19937_64& rng, KvFormat f, int32_t D, int32_t bs, in
 }
 
 CacheWriteArgs args_for(const Problem& pb, const bf16* kv, const int64_t* slots, void* k, void* v,
-                        int32_t* skipped) {
+                        int32_t* skipped, int64_t* saturated = nullptr) {
   CacheWriteArgs a;
   a.key = kv + pb.key_offset;
   a.key_stride = pb.key_stride;
+  a.key_head_stride = pb.key_head_stride;
   a.value = kv + pb.value_offset;
   a.value_stride = pb.value_stride;
+  a.value_head_stride = pb.value_head_stride;
+  a.saturated = saturated;
   a.slot_mapping = slots;
   a.num_tokens = pb.num_tokens;
   a.cache.layout = pb.layout;
@@ -350,22 +356,32 @@ void run_and_compare(const Problem& pb) {
   bf16* hkv = reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(kv_aligned_store.data()) + 15) & ~uintptr_t(15));
   std::copy(pb.kv_host.begin(), pb.kv_host.end(), hkv);
   int32_t cpu_skipped = 5;  // a non-zero start: the counter accumulates
-  const int64_t cpu_ret = cpu::reshape_and_cache(args_for(pb, hkv, pb.slots.data(), hk, hv, &cpu_skipped));
+  std::vector<int64_t> cpu_saturated = {3, int64_t(1) << 40};  // the same, past 32 bits
+  const int64_t cpu_ret =
+      cpu::reshape_and_cache(args_for(pb, hkv, pb.slots.data(), hk, hv, &cpu_skipped, cpu_saturated.data()));
   EXPECT_EQ(cpu_ret, pb.expected_skipped) << "CPU reference skipped count";
   EXPECT_EQ(cpu_skipped, 5 + pb.expected_skipped) << "CPU reference *skipped";
+  if (pb.layout.format == KvFormat::bf16)
+    EXPECT_EQ(cpu_saturated, (std::vector<int64_t>{3, int64_t(1) << 40})) << "BF16 never saturates";
 
   // GPU.
   DeviceBuffer<bf16> dkv(pb.kv_host);
   DeviceBuffer<int64_t> dslots(pb.slots);
   DeviceBuffer<uint8_t> dk(pb.k_garbage), dv(pb.v_garbage);
   DeviceBuffer<int32_t> dskipped(std::vector<int32_t>{5});
-  mcuda::reshape_and_cache(args_for(pb, dkv.get(), dslots.get(), dk.get(), dv.get(), dskipped.get()));
+  DeviceBuffer<int64_t> dsaturated(std::vector<int64_t>{3, int64_t(1) << 40});
+  mcuda::reshape_and_cache(
+      args_for(pb, dkv.get(), dslots.get(), dk.get(), dv.get(), dskipped.get(), dsaturated.get()));
   METRALE_CUDA_OK(cudaDeviceSynchronize());
 
   const std::vector<uint8_t> want_k(hk, hk + pb.k_garbage.size()), want_v(hv, hv + pb.v_garbage.size());
   EXPECT_TRUE(same_bytes(want_k, dk.download(), pb.layout, "K"));
   EXPECT_TRUE(same_bytes(want_v, dv.download(), pb.layout, "V"));
   EXPECT_EQ(dskipped.download()[0], cpu_skipped) << "GPU *skipped";
+  const std::vector<int64_t> gpu_saturated = dsaturated.download();
+  EXPECT_EQ(gpu_saturated[0], cpu_saturated[0]) << "GPU saturated K elements";
+  EXPECT_EQ(gpu_saturated[1], cpu_saturated[1]) << "GPU saturated V elements";
+  EXPECT_TRUE(dsaturated.guards_intact()) << "write outside the saturation counters";
   EXPECT_TRUE(dk.guards_intact()) << "write outside the K cache";
   EXPECT_TRUE(dv.guards_intact()) << "write outside the V cache";
   EXPECT_TRUE(dkv.guards_intact() && dslots.guards_intact() && dskipped.guards_intact());
@@ -440,6 +456,92 @@ TEST_P(GpuCacheWriteFormat, SpecialValuesMatchCpu) {
     const Problem pb = make_problem(rng, f, 128, 16, 2, Variant{true, true, unit}, 6, 90, /*special_rate=*/0.2);
     run_and_compare(pb);
   }
+}
+
+// K and V as head-strided views, each in its own region of kv_host (filled
+// whole, so the elements between the rows are there to be misread):
+//  kind 0: transformers' (T, H, S, D) cache tensor sliced at s0, key[:, :, s0]
+//          (token stride H*S*D, head stride S*D);
+//  kind 1: one sequence's T new tokens of a (1, H, S >= T, D) tensor, key[0]
+//          read as (T, H, D) (token stride D, head stride S*D);
+//  kind 2: token-major rows whose heads are padded apart (head stride > D).
+Problem make_head_strided_problem(std::mt19937_64& rng, KvFormat f, int32_t D, int32_t bs, int32_t H, int kind,
+                                  int64_t num_blocks, int64_t num_tokens, bool unit_gscale) {
+  Problem pb = make_problem(rng, f, D, bs, H, Variant{false, false, unit_gscale}, num_blocks, num_tokens);
+  const int64_t T = num_tokens;
+  int64_t ts = 0, hs = 0, start = 0, region = 0;
+  if (kind == 0) {
+    const int64_t S = 2 + int64_t(rng() % 3);
+    ts = H * S * D, hs = S * D, start = int64_t(rng() % uint64_t(S)) * D, region = T * H * S * D;
+  } else if (kind == 1) {
+    ts = D, hs = (T + int64_t(rng() % 3)) * D, region = H * hs;
+  } else {
+    hs = D + 8 * int64_t(1 + rng() % 4), ts = H * hs + 8 * int64_t(rng() % 3), region = T * ts;
+  }
+  pb.key_stride = pb.value_stride = ts;
+  pb.key_head_stride = pb.value_head_stride = hs;
+  pb.key_offset = start;
+  pb.value_offset = region + 8 + start;
+  pb.kv_host.assign(size_t(2 * (region + 8)), bf16{0});
+  fill_rows(rng, pb.kv_host.data(), 1, int64_t(pb.kv_host.size()), int64_t(pb.kv_host.size()), D, 0.02);
+  return pb;
+}
+
+class GpuCacheWriteHeadStrided : public ::testing::TestWithParam<std::tuple<KvFormat, int32_t /*D*/>> {};
+
+TEST_P(GpuCacheWriteHeadStrided, MatchesCpuReferenceByteForByte) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const auto [f, D] = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937_64 rng(seed);
+  for (int kind = 0; kind < 3; ++kind)
+    for (int32_t H : {1, 3, 8})
+      for (bool unit : {true, false}) {
+        if (f != KvFormat::nvfp4 && !unit) continue;
+        const int32_t bs = rng() % 2 ? 16 : 32;
+        const int64_t num_blocks = 2 + int64_t(rng() % 6);
+        const int64_t num_tokens = 1 + int64_t(rng() % uint64_t(num_blocks * bs + 16));
+        const Problem pb = make_head_strided_problem(rng, f, D, bs, H, kind, num_blocks, num_tokens, unit);
+        SCOPED_TRACE("kind " + std::to_string(kind) + ", H " + std::to_string(H) + ", block_size " +
+                     std::to_string(bs) + ", tokens " + std::to_string(num_tokens) + ", token stride " +
+                     std::to_string(pb.key_stride) + ", head stride " + std::to_string(pb.key_head_stride) +
+                     (unit ? "" : ", global scale != 1"));
+        run_and_compare(pb);
+        if (HasFailure()) return;
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GpuCacheWriteHeadStrided,
+                         ::testing::Combine(::testing::Values(KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4),
+                                            ::testing::Values(64, 256)),
+                         [](const ::testing::TestParamInfo<std::tuple<KvFormat, int32_t>>& i) {
+                           return std::string(metrale::to_string(std::get<0>(i.param))) + "_d" +
+                                  std::to_string(std::get<1>(i.param));
+                         });
+
+// Scales calibrated on a fraction of the data's range (a prompt's absmax
+// exceeded at decode time): many elements saturate, K and V differently;
+// the GPU counts exactly the CPU's (run_and_compare), which the CPU tests
+// check against an independent count.
+TEST_P(GpuCacheWriteFormat, SaturationCountsMatchCpu) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const KvFormat f = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937_64 rng(seed);
+  for (float shrink : {1.0f, 0.5f, 0.05f})
+    for (bool unit : {true, false}) {
+      if (f != KvFormat::nvfp4 && !unit) continue;
+      SCOPED_TRACE("scales x " + std::to_string(shrink) + (unit ? "" : ", global scale != 1"));
+      Problem pb = make_problem(rng, f, 128, 16, 4, Variant{true, false, unit}, 8, 100);
+      pb.scales.k_scale *= shrink;
+      pb.scales.v_scale *= shrink * 0.7f;
+      pb.scales.k_global_scale *= shrink;
+      pb.scales.v_global_scale *= shrink * 0.7f;
+      if (!unit && shrink < 0.1f) pb.scales.k_global_scale = 1e-30f;  // the extreme-scale route
+      run_and_compare(pb);
+    }
 }
 
 // Many tokens: the tile loop strides over a capped grid.
@@ -646,6 +748,21 @@ TEST(GpuCacheWriteArgs, BadArgumentsThrowBeforeLaunch) {
     auto a = valid_args();
     a.cache.layout.page_stride_bytes -= 16;  // too small for codes + scales
     expect_invalid([&] { mcuda::reshape_and_cache(a); }, "layout.page_stride_bytes");
+  }
+  {
+    auto a = valid_args();
+    a.key_head_stride = 132;  // not a multiple of 8
+    expect_invalid([&] { mcuda::reshape_and_cache(a); }, "key_head_stride");
+  }
+  {
+    auto a = valid_args();
+    a.value_head_stride = 256;  // heads 256 apart need a token stride >= 384
+    expect_invalid([&] { mcuda::reshape_and_cache(a); }, "value_stride");
+  }
+  {
+    auto a = valid_args();
+    a.saturated = reinterpret_cast<int64_t*>(uintptr_t(0x7f0050000004));
+    expect_invalid([&] { mcuda::reshape_and_cache(a); }, "saturated");
   }
 }
 

@@ -161,5 +161,34 @@ METRALE_HD uint8_t nvfp4_quantize_group(const float* x, float global_scale, uint
   return s;
 }
 
+// ---- Saturation: a value past the range its scales were calibrated for ----
+// `q` is the value in units of an E4M3 code, the argument the quantizer
+// hands to e4m3_rne_satfinite: FP8's x * inv_scale, NVFP4's amax / (6 g) of
+// a group (the block scale). It saturates when the limit at 448 changes its
+// code: when its magnitude is past 464, the midpoint between 448 and the
+// next step of the E4M3 grid (480), up to which it rounds to 448 as it would
+// in a format without the limit. So the calibrated absmax itself, which maps
+// to 448 up to the f32 rounding of its scale, never counts, and a value 5%
+// past it does (the decode-time K of issue 19). +-inf saturates; NaN never
+// does (it is kept as a NaN, SYSTEM.md 2). This is the one definition the
+// cache write counts by on both backends (CacheWriteArgs::saturated).
+constexpr float kE4M3SaturationBound = 464.0f;
+METRALE_HD bool e4m3_saturates(float q) {
+  const uint32_t a = f32_bits(q) & 0x7fffffffu;
+  return a > f32_bits(kE4M3SaturationBound) && a <= 0x7f800000u;
+}
+// Element x of an FP8 row, inv_scale = 1.0f / scale (the quantizer's product).
+METRALE_HD bool fp8_saturates(float x, float inv_scale) { return e4m3_saturates(x * inv_scale); }
+// Element x of an NVFP4 group, six_g = 6.0f * global_scale (the codec's f32
+// product): x alone would need a block scale past the largest (448), so its
+// group's scale saturates and the group's largest values are clipped. A group's scale saturates iff
+// one of its elements does (the division is monotonic).
+METRALE_HD bool nvfp4_saturates(float x, float six_g) { return e4m3_saturates(x / six_g); }
+
+// Whether an E4M3 code can come from a saturating argument: only the
+// largest magnitude (448) and NaN codes can (a NaN group scale may sit beside
+// saturated elements). Lets a writer look at an element only where this holds.
+METRALE_HD bool e4m3_code_may_saturate(uint8_t code) { return (code & 0x7fu) >= 0x7eu; }
+
 }  // namespace codec
 }  // namespace metrale

@@ -13,19 +13,40 @@
 
 namespace metrale {
 
-// reshape_and_cache: token j's K row is key[j*key_stride + h*D + d] (rows of a
-// fused QKV projection, hence the stride); it is written to slot
-// slot_mapping[j] of the cache. A negative slot is padding and skipped; a
-// slot >= capacity is skipped and counted in *skipped.
+// reshape_and_cache: head h of token j's K row is the head_dim contiguous
+// values at key[j*key_stride + h*key_head_stride] (V alike); it is written
+// to slot slot_mapping[j] of the cache. Rows of a fused QKV projection have
+// key_head_stride = head_dim (0 says the same) and key_stride the projection's
+// width; a head-major view, e.g. transformers' (B, Hkv, S, D) cache tensor
+// sliced at one position, key[:, :, s], has key_stride = Hkv*S*D and
+// key_head_stride = S*D; one sequence's S new tokens of it, key[b] read as
+// (S, Hkv, D), have key_stride = D and key_head_stride = S*D. Strides are
+// validated so that the num_tokens x num_kv_heads rows of head_dim elements
+// are distinct: token-major (head stride >= D, token stride >= (H-1)*head
+// stride + D) or head-major (token stride >= D, head stride >=
+// (num_tokens-1)*token stride + D).
+// A negative slot is padding and skipped; a slot >= capacity is skipped and
+// counted in *skipped. Elements past the calibrated range of the cache's
+// scales, clipped to the format's largest value (codec::fp8_saturates /
+// nvfp4_saturates: |x| / scale, or |x| / (6 g), past 464, the rounding
+// interval of E4M3's largest code 448; BF16 never saturates), are counted in
+// saturated[0] (K) and saturated[1] (V), over the written tokens only.
 struct CacheWriteArgs {
-  const bf16* key = nullptr;             // [num_tokens, key_stride], 16-byte aligned
-  int64_t key_stride = 0;                // elements, >= H*D, multiple of 8
-  const bf16* value = nullptr;           // [num_tokens, value_stride], 16-byte aligned
-  int64_t value_stride = 0;              // elements, >= H*D, multiple of 8
+  const bf16* key = nullptr;             // 16-byte aligned; head h of token j at key + j*key_stride + h*key_head_stride
+  int64_t key_stride = 0;                // elements between tokens, a multiple of 8
+  int64_t key_head_stride = 0;           // elements between heads, a multiple of 8; 0 = head_dim (packed heads)
+  const bf16* value = nullptr;           // 16-byte aligned, as key
+  int64_t value_stride = 0;              // elements, a multiple of 8
+  int64_t value_head_stride = 0;         // elements, a multiple of 8; 0 = head_dim
   const int64_t* slot_mapping = nullptr; // [num_tokens]
   int64_t num_tokens = 0;
   KvCacheView cache;                     // scales: fp8 k/v_scale, nvfp4 k/v_global_scale
   int32_t* skipped = nullptr;            // optional counter, incremented per out-of-capacity slot
+  int64_t* saturated = nullptr;          // optional [2], 8-byte aligned: += saturated K elements, V elements
+
+  // The head strides in force (head_dim where 0).
+  int64_t key_head_stride_used() const { return key_head_stride ? key_head_stride : cache.layout.head_dim; }
+  int64_t value_head_stride_used() const { return value_head_stride ? value_head_stride : cache.layout.head_dim; }
 };
 
 // Paged decode: one query token per sequence attends to positions

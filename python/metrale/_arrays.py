@@ -208,6 +208,6 @@ def _empty(shape: Sequence[int], dtype: str, device: Tuple[str, int], zero: bool
         off = (-raw.ctypes.data) % 64
         return raw[off:off + n].view(nd).reshape(shape)
     torch = _torch_for_cuda("metrale")
-    tdt = {"uint8": torch.uint8, "float32": torch.float32, "int32": torch.int32}[dtype]
+    tdt = {"uint8": torch.uint8, "float32": torch.float32, "int32": torch.int32, "int64": torch.int64}[dtype]
     f = torch.zeros if zero else torch.empty
     return f(tuple(shape), dtype=tdt, device=f"cuda:{device[1]}")

@@ -76,6 +76,9 @@ class PagedKVCache:
     ``k_global_scale`` / ``v_global_scale``, set by ``set_scales`` or by
     ``calibrate``. Write scales before writing tokens: the cache stores codes
     quantised with the scales in force at write time.
+    Every ``write`` counts, per layer, the K and V elements that exceeded the
+    calibrated range and were clipped (``saturated``; no synchronisation on
+    the write path), as ``skipped`` counts out-of-capacity slots.
     """
 
     def __init__(self, format: Union[str, KvFormat], num_blocks: int, block_size: int, num_kv_heads: int,
@@ -93,6 +96,7 @@ class PagedKVCache:
         self._scales = [[float(k_scale), float(v_scale), float(k_global_scale), float(v_global_scale)]
                         for _ in range(num_layers)]
         self._calib = [Calibrator() for _ in range(num_layers)]
+        self._saturated = _empty((num_layers, 2), "int64", self._device, zero=True)  # per layer: K, V elements
         self._written = [False] * num_layers  # a layer holds tokens: its scales are fixed
 
     # ---- shape & sizes
@@ -199,9 +203,11 @@ class PagedKVCache:
 
         Policy: calibrate each layer from its prompt's K and V before the first
         write; the scales then stay fixed for the cache's life (values past the
-        calibrated range saturate at the format's largest code). Calibrating a
-        layer that holds tokens is refused unless ``force`` (after which the
-        caller rewrites the layer).
+        calibrated range saturate at the format's largest code, and are
+        counted: ``saturated``). Calibrating a layer that holds tokens is
+        refused unless ``force`` (after which the caller rewrites the layer).
+        key, value: as :func:`bf16_absmax` takes them (any strided view whose
+        last dimension is contiguous, e.g. transformers' ``key[:, :, -1]``).
         """
         layers = range(self.num_layers) if layer is None else [self._check_layer(layer)]
         self._check_unwritten(layers, force, "re-calibrating")
@@ -221,10 +227,42 @@ class PagedKVCache:
     # ---- writes
     def write(self, layer: int, key: ArrayLike, value: ArrayLike, slot_mapping: ArrayLike, *,
               skipped: Optional[ArrayLike] = None, stream: Any = None) -> Optional[int]:
-        """reshape_and_cache into `layer`; see :func:`reshape_and_cache`."""
-        r = reshape_and_cache(key, value, slot_mapping, self.layer(layer), skipped=skipped, stream=stream)
-        self._written[self._check_layer(layer)] = True
+        """reshape_and_cache into `layer`; see :func:`reshape_and_cache` (key and
+        value may be head-strided views such as transformers' ``key[:, :, -1]``
+        or a ``(batch, heads, seq, head_dim)`` tensor: no copy). Saturated
+        elements are added to the layer's counters (``saturated``)."""
+        i = self._check_layer(layer)
+        r = reshape_and_cache(key, value, slot_mapping, self.layer(i), skipped=skipped,
+                              saturated=self._saturated[i], stream=stream)
+        self._written[i] = True
         return r
+
+    # ---- saturation counts
+    def saturated(self, layer: Optional[int] = None) -> Tuple[int, int]:
+        """(K, V) elements the writes into `layer` (all layers when None) clipped
+        since the cache was made or ``reset_saturated``: values past the
+        calibrated range (FP8 ``|x| / scale > 464``, NVFP4 ``|x| / (6 g) > 464``,
+        past the rounding interval of the largest code 448; BF16 never). Reads the counters back (synchronises on CUDA): poll it off
+        the decode path, e.g. once per step or per request; see
+        docs/numerics.md for what to do when it grows."""
+        c = self._saturated if layer is None else self._saturated[self._check_layer(layer)]
+        a = np.asarray(c.cpu() if hasattr(c, "cpu") else c).reshape(-1, 2).sum(axis=0)
+        return (int(a[0]), int(a[1]))
+
+    @property
+    def saturation_counters(self):
+        """The int64 ``(num_layers, 2)`` counters (K, V) on the cache's device, as
+        the writes leave them (no synchronisation: read or snapshot them on
+        your own stream, e.g. inside a captured graph)."""
+        return self._saturated
+
+    def reset_saturated(self, layer: Optional[int] = None) -> None:
+        """Zeroes the saturation counters of `layer` (all layers when None)."""
+        c = self._saturated if layer is None else self._saturated[self._check_layer(layer)]
+        if hasattr(c, "zero_"):
+            c.zero_()
+        else:
+            c[...] = 0
 
     def __repr__(self) -> str:
         return (f"PagedKVCache(format={_metrale_format_name(self.format)!r}, layers={self.num_layers}, "

@@ -18,17 +18,36 @@ from .view import KVCacheView, _as_view, _layout_of
 
 
 def reshape_and_cache(key: ArrayLike, value: ArrayLike, slot_mapping: ArrayLike, cache: KVCacheView, *,
-                      skipped: Optional[ArrayLike] = None, stream: Any = None) -> Optional[int]:
-    """Writes each token's K and V rows into its slot of the paged caches, quantising
+                      skipped: Optional[ArrayLike] = None, saturated: Optional[ArrayLike] = None,
+                      stream: Any = None) -> Optional[int]:
+    """Writes each token's K and V into its slot of the paged caches, quantising
     to the cache's format (FP8 with k/v_scale, NVFP4 with the global scales).
 
-    key, value: bf16 ``(num_tokens, num_kv_heads, head_dim)`` or
-    ``(num_tokens, num_kv_heads * head_dim)``; rows may be strided (slices of
-    a fused QKV output: row stride a multiple of 8 elements).
-    slot_mapping: int64 ``(num_tokens,)``, ``block * block_size + offset``; a
-    negative slot is padding (skipped); a slot past the capacity is skipped
-    and counted. skipped: optional int32 array of >= 1 element on the cache's
-    device, incremented per out-of-capacity slot.
+    key, value: bf16, read where they lie (never copied), the last dimension
+    (head_dim) contiguous, token and head strides multiples of 8 elements:
+
+    * ``(num_tokens, num_kv_heads, head_dim)`` with any token and head
+      strides: rows of a fused QKV output, transformers' cache tensor sliced
+      at one position (``key[:, :, -1]``: strides ``(Hkv*S*D, S*D, 1)``), a
+      permuted ``(S, Hkv, D)`` view of one sequence's tokens;
+    * ``(num_tokens, num_kv_heads * head_dim)`` rows;
+    * ``(batch, num_kv_heads, seq, head_dim)``, transformers' head-major
+      layout: ``batch * seq`` tokens, b-major (token ``b * seq + s``); one
+      write when the tokens are evenly spaced (seq 1, batch 1, or a
+      ``(batch, seq, heads, D)`` projection transposed), else one per b;
+    * ``(batch, 1, num_kv_heads, head_dim)``: one token per sequence.
+
+    slot_mapping: contiguous int64, one slot per token (``(num_tokens,)`` or
+    ``(batch, seq)``), ``block * block_size + offset``; a negative slot is
+    padding (skipped); a slot past the capacity is skipped and counted.
+    skipped: optional int32 array of >= 1 element on the cache's device,
+    incremented per out-of-capacity slot.
+    saturated: optional contiguous int64 array of >= 2 elements on the
+    cache's device: ``[0]`` += K elements, ``[1]`` += V elements of the
+    written tokens past the range of the cache's scales (clipped to the
+    format's largest value; FP8: ``|x| / k_scale > 464``, NVFP4:
+    ``|x| / (6 * global_scale) > 464``, 464 being where rounding to E4M3's
+    largest code 448 ends; BF16 never). No synchronisation.
     Returns the number of skipped out-of-capacity tokens on CPU, None on CUDA
     (use ``skipped`` there: reading it back would synchronise).
     """
@@ -39,17 +58,20 @@ def reshape_and_cache(key: ArrayLike, value: ArrayLike, slot_mapping: ArrayLike,
     _require_writable(view.v, "v_cache")
     if skipped is not None:
         _require_writable(skipped, "skipped")
+    if saturated is not None:
+        _require_writable(saturated, "saturated")
     r = _metrale.reshape_and_cache(_dl(key), _dl(value), _dl(slot_mapping), view.layout, _dl(view.k), _dl(view.v),
                                    view.scales, None if skipped is None else _dl(skipped),
-                                   _stream_handle(key, stream))
+                                   None if saturated is None else _dl(saturated), _stream_handle(key, stream))
     return None if r < 0 else int(r)
 
 
 def bf16_absmax(x: ArrayLike, out: Optional[ArrayLike] = None, *, stream: Any = None):
     """max |x| of bf16 values (NaNs ignored), folded into ``out``.
 
-    x: bf16 (or uint16 bit patterns); contiguous, or rows strided along the
-    first dimension only. out: float32 array of >= 1 element on x's device;
+    x: bf16 (or uint16 bit patterns), the last dimension contiguous, any
+    other strides (a fused QKV slice, transformers' ``key[:, :, -1]``, a
+    permuted view), read where it lies. out: float32 array of >= 1 element on x's device;
     ``out[0] = max(out[0], max|x|)`` (zero it before the first batch).
     Without ``out``: on CPU returns the float; on CUDA allocates a zeroed
     float32[1] torch tensor and returns it (no synchronisation).

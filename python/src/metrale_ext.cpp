@@ -22,6 +22,8 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "metrale/metrale.hpp"
 
@@ -199,6 +201,79 @@ Rows bf16_rows(const A& a, const char* name, int64_t heads, int64_t dim) {
   return Rows{a.data(), n, row_stride};
 }
 
+// The key or value input of a cache write: B groups (B = 1 but for a 4-D
+// tensor whose tokens are not evenly spaced) of S tokens, head h of token s
+// of group b at ptr + b*group_stride + s*token_stride + h*head_stride
+// (elements), head_dim values contiguous.
+struct KvInput {
+  const bf16* ptr;
+  int64_t groups, group_stride;
+  int64_t tokens;  // per group
+  int64_t token_stride, head_stride;
+  int64_t total() const { return groups * tokens; }
+};
+// Accepted: (T, H*D) rows; (T, H, D) with any token and head strides (a
+// transformers slice key[:, :, s], a permuted (S, H, D) view); 4-D
+// (B, H, S, D), transformers' head-major layout, B*S tokens in b-major
+// order (one group when the tokens are evenly spaced: S == 1, B == 1, or a
+// transposed (B, S, H, D) projection; else one write per b); and (B, 1, H, D),
+// one token per sequence in token-major order. The last dimension must be
+// contiguous; the C++ validation checks the strides (multiples of 8, rows
+// distinct).
+template <class A>
+KvInput kv_input(const A& a, const char* name, int64_t heads, int64_t dim) {
+  check_bf16(a, name);
+  bool empty = false;  // strides of an empty array are meaningless (often reported as 0)
+  for (size_t i = 0; i < a.ndim(); ++i) empty |= a.shape(i) == 0;
+  auto last_contiguous = [&] { return empty || a.shape(a.ndim() - 1) == 1 || stride(a, a.ndim() - 1) == 1; };
+  KvInput r{static_cast<const bf16*>(a.data()), 1, 0, 0, 0, dim};
+  bool ok = a.ndim() >= 2 && a.shape(a.ndim() - 1) == (a.ndim() == 2 ? heads * dim : dim) && last_contiguous();
+  if (ok && a.ndim() == 2) {
+    r.tokens = a.shape(0);
+    r.token_stride = stride(a, 0);
+  } else if (ok && a.ndim() == 3) {
+    ok = a.shape(1) == heads;
+    r.tokens = a.shape(0);
+    r.token_stride = stride(a, 0);
+    r.head_stride = stride(a, 1);
+  } else if (ok && a.ndim() == 4 && a.shape(1) == heads) {  // (B, H, S, D)
+    const int64_t B = a.shape(0), S = a.shape(2);
+    r.head_stride = stride(a, 1);
+    if (S == 1 || B == 1 || stride(a, 0) == S * stride(a, 2)) {
+      r.tokens = B * S;
+      r.token_stride = S == 1 ? stride(a, 0) : stride(a, 2);
+    } else {
+      r.groups = B;
+      r.group_stride = stride(a, 0);
+      r.tokens = S;
+      r.token_stride = stride(a, 2);
+    }
+  } else if (ok && a.ndim() == 4 && a.shape(1) == 1 && a.shape(2) == heads) {  // (B, 1, H, D)
+    r.tokens = a.shape(0);
+    r.token_stride = stride(a, 0);
+    r.head_stride = stride(a, 2);
+  } else {
+    ok = false;
+  }
+  if (!ok)
+    value_error("'", name, "': expected bf16 of shape (rows, ", heads, ", ", dim, "), (rows, ", heads * dim,
+                "), (batch, ", heads, ", seq, ", dim, ") or (batch, 1, ", heads, ", ", dim,
+                ") with the last dimension contiguous, got shape ", shape_str(a), " strides ", strides_str(a));
+  // Strides of a dimension of extent 1 are meaningless (often reported as 1):
+  // replace them by valid ones.
+  if (heads == 1) r.head_stride = dim;
+  if (r.tokens <= 1) r.token_stride = ((heads - 1) * r.head_stride + dim + 7) / 8 * 8;
+  return r;
+}
+// Makes `r` hold B groups of S tokens (it holds one group of B*S evenly
+// spaced tokens, or already B groups).
+void regroup(KvInput& r, int64_t B, int64_t S) {
+  if (r.groups == B || r.groups != 1) return;
+  r.groups = B;
+  r.group_stride = S * r.token_stride;
+  r.tokens = S;
+}
+
 template <class A>
 void check_cache_buffer(const A& a, const char* name, const KvCacheLayout& layout) {
   check_contiguous(a, name);
@@ -246,7 +321,7 @@ KvCacheView make_view(const KvCacheLayout& layout, const K& k, const V& v, const
 
 int64_t reshape_and_cache(const In& key, const In& value, const In& slot_mapping, const KvCacheLayout& layout,
                           const Out& k_cache, const Out& v_cache, const ScalesTuple& scales,
-                          std::optional<Out> skipped, uintptr_t stream) {
+                          std::optional<Out> skipped, std::optional<Out> saturated, uintptr_t stream) {
   layout.validate();
   DeviceCheck dc;
   dc.add(key, "key");
@@ -255,36 +330,64 @@ int64_t reshape_and_cache(const In& key, const In& value, const In& slot_mapping
   dc.add(k_cache, "k_cache");
   dc.add(v_cache, "v_cache");
   if (skipped) dc.add(*skipped, "skipped");
-  const Rows kr = bf16_rows(key, "key", layout.num_kv_heads, layout.head_dim);
-  const Rows vr = bf16_rows(value, "value", layout.num_kv_heads, layout.head_dim);
+  if (saturated) dc.add(*saturated, "saturated");
+  KvInput kr = kv_input(key, "key", layout.num_kv_heads, layout.head_dim);
+  KvInput vr = kv_input(value, "value", layout.num_kv_heads, layout.head_dim);
+  if (vr.total() != kr.total())
+    value_error("'value': ", vr.total(), " tokens, shape ", shape_str(value), "; expected ", kr.total(),
+                " (as many as 'key', shape ", shape_str(key), ")");
+  if (kr.groups != vr.groups) {  // one of them is evenly spaced: write both per group
+    const int64_t B = kr.groups != 1 ? kr.groups : vr.groups, S = kr.groups != 1 ? kr.tokens : vr.tokens;
+    regroup(kr, B, S);
+    regroup(vr, B, S);
+  }
   check_dtype(slot_mapping, "slot_mapping", nb::dlpack::dtype_code::Int, 64, "int64");
-  if (slot_mapping.ndim() != 1 || slot_mapping.shape(0) != kr.num_rows || !c_contiguous(slot_mapping))
-    value_error("'slot_mapping': expected a contiguous int64 array of shape (", kr.num_rows,
-                ",) (one slot per key row), got shape ", shape_str(slot_mapping));
-  if (vr.num_rows != kr.num_rows)
-    value_error("'value': ", vr.num_rows, " rows; expected ", kr.num_rows, " (as many as 'key')");
+  if (slot_mapping.ndim() < 1 || slot_mapping.ndim() > 2 || nbytes(slot_mapping) != 8 * kr.total() ||
+      !c_contiguous(slot_mapping))
+    value_error("'slot_mapping': expected a contiguous int64 array of shape (", kr.total(),
+                ",) (one slot per key token; (batch, seq) for a 4-D key), got shape ", shape_str(slot_mapping));
   int32_t* skipped_ptr = nullptr;
   if (skipped) {
     check_dtype(*skipped, "skipped", nb::dlpack::dtype_code::Int, 32, "int32");
     if (nbytes(*skipped) < 4) value_error("'skipped': expected an int32 array of at least 1 element");
     skipped_ptr = static_cast<int32_t*>(skipped->data());
   }
+  int64_t* saturated_ptr = nullptr;
+  if (saturated) {
+    check_dtype(*saturated, "saturated", nb::dlpack::dtype_code::Int, 64, "int64");
+    if (nbytes(*saturated) < 16 || !c_contiguous(*saturated))
+      value_error("'saturated': expected a contiguous int64 array of at least 2 elements (K, V), got shape ",
+                  shape_str(*saturated));
+    saturated_ptr = static_cast<int64_t*>(saturated->data());
+  }
   CacheWriteArgs a;
-  a.key = static_cast<const bf16*>(kr.ptr);
-  a.key_stride = kr.stride;
-  a.value = static_cast<const bf16*>(vr.ptr);
-  a.value_stride = vr.stride;
-  a.slot_mapping = static_cast<const int64_t*>(slot_mapping.data());
-  a.num_tokens = kr.num_rows;
+  a.key_stride = kr.token_stride;
+  a.key_head_stride = kr.head_stride;
+  a.value_stride = vr.token_stride;
+  a.value_head_stride = vr.head_stride;
+  a.num_tokens = kr.tokens;
   a.cache = make_view(layout, k_cache, v_cache, scales);
   a.skipped = skipped_ptr;
-  if (a.num_tokens == 0) return 0;
+  a.saturated = saturated_ptr;
+  if (kr.total() == 0) return 0;
+  const int64_t* slots = static_cast<const int64_t*>(slot_mapping.data());
+  // One write per group (one in all but the unevenly spaced 4-D case);
+  // the counters accumulate over them.
+  auto group = [&](int64_t b) {
+    CacheWriteArgs g = a;
+    g.key = kr.ptr + b * kr.group_stride;
+    g.value = vr.ptr + b * vr.group_stride;
+    g.slot_mapping = slots + b * kr.tokens;
+    return g;
+  };
   if (dc.w.dev == Dev::cpu) {
     nb::gil_scoped_release nogil;
-    return cpu::reshape_and_cache(a);
+    int64_t n = 0;
+    for (int64_t b = 0; b < kr.groups; ++b) n += cpu::reshape_and_cache(group(b));
+    return n;
   }
   DeviceGuard g(dc.w);
-  cuda::reshape_and_cache(a, as_stream(stream));
+  for (int64_t b = 0; b < kr.groups; ++b) cuda::reshape_and_cache(group(b), as_stream(stream));
   return -1;
 }
 
@@ -296,40 +399,60 @@ void bf16_absmax(const In& x, const Out& absmax, uintptr_t stream, const std::st
   check_bf16(x, xname);
   check_dtype(absmax, "absmax", nb::dlpack::dtype_code::Float, 32, "float32");
   if (nbytes(absmax) < 4) value_error("'absmax': expected a float32 array of at least 1 element");
-  // Rows: the last dimension contiguous; leading dimensions collapse when
-  // they are contiguous over it; otherwise a 2-D view is required.
-  int64_t num_rows = 1, row_len = 1, row_stride = 1;
-  if (x.ndim() == 0) {
-    row_len = 1;
-  } else if (c_contiguous(x)) {
-    row_len = 1;
-    for (size_t i = 0; i < x.ndim(); ++i) row_len *= x.shape(i);
-    row_stride = row_len;
-  } else {
-    // Trailing dims (all but the first) must be contiguous.
-    int64_t expect = 1;
-    bool ok = true;
-    for (size_t i = x.ndim(); i-- > 1;) {
-      if (x.shape(i) != 1 && stride(x, i) != expect) ok = false;
-      expect *= x.shape(i);
-    }
-    if (!ok || stride(x, 0) < expect)
-      value_error("'", name, "': expected rows of contiguous values (only the first dimension strided), got shape ",
-                  shape_str(x), " strides ", strides_str(x));
-    num_rows = x.shape(0);
-    row_len = expect;
-    row_stride = stride(x, 0);
+  // Rows: the last dimension contiguous, extended over the dimensions
+  // contiguous with it; the others merge where their strides chain. Any
+  // strided view (a transformers slice key[:, :, s], a permuted (S, H, D)
+  // view) is then rows of one stride, or a few such sets (one call per index
+  // of the dimensions left, the largest dimension being the rows): the
+  // values are read where they lie, never copied.
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (extent, stride) of extents > 1, outer to inner
+  for (size_t i = 0; i < x.ndim(); ++i) {
+    if (x.shape(i) == 0) return;  // no values
+    if (x.shape(i) != 1) dims.emplace_back(x.shape(i), stride(x, i));
   }
-  const bf16* p = static_cast<const bf16*>(x.data());
+  int64_t row_len = 1;
+  if (!dims.empty()) {
+    if (dims.back().second != 1)
+      value_error("'", name, "': expected the last dimension of extent > 1 contiguous (stride 1), got shape ",
+                  shape_str(x), " strides ", strides_str(x));
+    while (!dims.empty() && dims.back().second == row_len) {
+      row_len *= dims.back().first;
+      dims.pop_back();
+    }
+  }
+  std::vector<std::pair<int64_t, int64_t>> outer;  // merged, inner to outer
+  for (size_t i = dims.size(); i-- > 0;) {
+    if (!outer.empty() && dims[i].second == outer.back().first * outer.back().second)
+      outer.back().first *= dims[i].first;
+    else
+      outer.push_back(dims[i]);
+  }
+  size_t rows_dim = 0;
+  for (size_t i = 1; i < outer.size(); ++i)
+    if (outer[i].first > outer[rows_dim].first) rows_dim = i;
+  const int64_t num_rows = outer.empty() ? 1 : outer[rows_dim].first;
+  const int64_t row_stride = outer.empty() ? row_len : outer[rows_dim].second;
+  int64_t calls = 1;
+  for (size_t i = 0; i < outer.size(); ++i)
+    if (i != rows_dim) calls *= outer[i].first;
+  const bf16* base = static_cast<const bf16*>(x.data());
+  auto rows_at = [&](int64_t c) {  // call c's first row: the other dimensions' index c, inner first
+    int64_t off = 0;
+    for (size_t i = 0; i < outer.size(); ++i) {
+      if (i == rows_dim) continue;
+      off += (c % outer[i].first) * outer[i].second;
+      c /= outer[i].first;
+    }
+    return base + off;
+  };
   float* out = static_cast<float*>(absmax.data());
-  if (num_rows * row_len == 0) return;
   if (dc.w.dev == Dev::cpu) {
     nb::gil_scoped_release nogil;
-    cpu::bf16_absmax(p, num_rows, row_len, row_stride, out);
+    for (int64_t c = 0; c < calls; ++c) cpu::bf16_absmax(rows_at(c), num_rows, row_len, row_stride, out);
     return;
   }
   DeviceGuard g(dc.w);
-  cuda::bf16_absmax(p, num_rows, row_len, row_stride, out, as_stream(stream));
+  for (int64_t c = 0; c < calls; ++c) cuda::bf16_absmax(rows_at(c), num_rows, row_len, row_stride, out, as_stream(stream));
 }
 
 // block_tables int32 [num_seqs, max_blocks_per_seq >= 1], seq_lens int32 [num_seqs].
@@ -784,7 +907,7 @@ NB_MODULE(_metrale, m) {
   m.def("cuda_pointer_device", &pointer_device, nb::arg("ptr"));
   m.def("reshape_and_cache", &reshape_and_cache, nb::arg("key"), nb::arg("value"), nb::arg("slot_mapping"),
         nb::arg("layout"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("skipped").none(),
-        nb::arg("stream"));
+        nb::arg("saturated").none(), nb::arg("stream"));
   m.def("bf16_absmax", &bf16_absmax, nb::arg("x"), nb::arg("absmax"), nb::arg("stream"), nb::arg("name") = "x");
   m.def("decode_single", &decode_single, nb::arg("q"), nb::arg("num_q_heads"), nb::arg("layout"),
         nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("block_tables"), nb::arg("seq_lens"),

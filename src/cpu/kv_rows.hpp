@@ -63,28 +63,38 @@ inline void dequant_row(const KvFormatDesc& f, const uint8_t* page, const KvCach
 // Quantizes n bf16 values (whole rows: n is a multiple of the group size)
 // into codes (and group scales) with the codecs of metrale/codec.hpp;
 // `tensor` is the per-tensor scale (fp8: x = code * tensor; nvfp4: the
-// global scale). Bit-identical to the GPU cache write.
-inline void quantize_row(const KvFormatDesc& f, const bf16* src, int64_t n, float tensor, uint8_t* codes,
-                         uint8_t* scales) {
+// global scale). Bit-identical to the GPU cache write. Returns the number of
+// saturated values (codec::fp8_saturates / nvfp4_saturates; 0 for bf16).
+inline int64_t quantize_row(const KvFormatDesc& f, const bf16* src, int64_t n, float tensor, uint8_t* codes,
+                            uint8_t* scales) {
+  int64_t saturated = 0;
   switch (f.code) {
     case KvCode::bf16:
       std::memcpy(codes, src, size_t(n) * 2);
       break;
     case KvCode::e4m3: {
       const float inv = 1.0f / tensor;  // in f32, once (SYSTEM.md 2)
-      for (int64_t i = 0; i < n; ++i) codes[i] = codec::e4m3_rne_satfinite(codec::bf16_to_float(src[i]) * inv);
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = codec::bf16_to_float(src[i]);
+        codes[i] = codec::e4m3_rne_satfinite(x * inv);
+        saturated += codec::fp8_saturates(x, inv);
+      }
       break;
     }
     case KvCode::e2m1: {
       constexpr int G = codec::kNvfp4GroupSize;
+      const float six_g = 6.0f * tensor;  // the codec's f32 product
       float x[G];
       for (int64_t g = 0; g < n / G; ++g) {
         for (int i = 0; i < G; ++i) x[i] = codec::bf16_to_float(src[g * G + i]);
         scales[g] = codec::nvfp4_quantize_group(x, tensor, codes + g * (G / 2));
+        if (codec::e4m3_code_may_saturate(scales[g]))
+          for (int i = 0; i < G; ++i) saturated += codec::nvfp4_saturates(x[i], six_g);
       }
       break;
     }
   }
+  return saturated;
 }
 
 // Software prefetch of rows (t*H + h), t in [t0, t1), of a page: one kv

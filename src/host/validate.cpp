@@ -22,6 +22,33 @@ void check_scale(float s, const char* name) {
   METRALE_CHECK_ARG(std::isfinite(s) && s > 0.0f, name, s, "a finite positive f32");
 }
 
+// The token and head strides of the cache write's key or value: multiples of
+// 8 elements (16-byte aligned rows for the vector loads), and the T x H rows
+// of D elements distinct, nested either way (token-major: heads inside a
+// token; head-major: tokens inside a head). Overlapping rows would read
+// without fault but are a caller's mistake (a stride of 0, a stride that
+// counts bytes), so they are refused.
+void check_kv_strides(const char* name, int64_t token_stride, const char* head_name, int64_t head_stride_arg,
+                      int64_t T, int64_t H, int64_t D) {
+  const std::string token_name = std::string(name) + "_stride";
+  METRALE_CHECK_ARG(head_stride_arg >= 0 && head_stride_arg % 8 == 0, head_name, head_stride_arg,
+                    "a multiple of 8 elements >= 0 (0 = head_dim)");
+  METRALE_CHECK_ARG(token_stride >= 0 && token_stride % 8 == 0, token_name.c_str(), token_stride,
+                    "a multiple of 8 elements >= 0");
+  const int64_t hs = head_stride_arg ? head_stride_arg : D;
+  const bool token_major = hs >= D && token_stride >= (H - 1) * hs + D;
+  const bool head_major = token_stride >= D && hs >= (T - 1) * token_stride + D;
+  if (token_major || head_major) return;
+  if (head_stride_arg == 0 || hs == D)  // packed heads: the rule of a plain row stride
+    throw_invalid(token_name.c_str(), token_stride,
+                  concat(">= num_kv_heads*head_dim = ", H * D, " (rows of packed heads) and a multiple of 8 elements"));
+  throw_invalid(token_name.c_str(), concat(token_stride, " with ", head_name, " = ", hs),
+                concat("rows of head_dim = ", D, " that do not overlap: token-major (", head_name, " >= ", D,
+                       " and ", token_name, " >= (num_kv_heads-1)*", head_name, " + head_dim = ", (H - 1) * hs + D,
+                       ") or head-major (", token_name, " >= ", D, " and ", head_name,
+                       " >= (num_tokens-1)*", token_name, " + head_dim = ", (T - 1) * token_stride + D, ")"));
+}
+
 }  // namespace
 
 void validate_cache_view(const KvCacheView& cache) {
@@ -40,14 +67,15 @@ void validate_cache_write(const CacheWriteArgs& a) {
                     "0..2^31-1");
   validate_cache_view(a.cache);
   if (a.num_tokens == 0) return;
-  const int64_t row = int64_t(a.cache.layout.num_kv_heads) * a.cache.layout.head_dim;
   check_ptr(a.key, "key", true);
   check_ptr(a.value, "value", true);
   check_ptr(a.slot_mapping, "slot_mapping", false);
-  METRALE_CHECK_ARG(a.key_stride >= row && a.key_stride % 8 == 0, "key_stride", a.key_stride,
-                    ">= num_kv_heads*head_dim = " + std::to_string(row) + " and a multiple of 8 elements");
-  METRALE_CHECK_ARG(a.value_stride >= row && a.value_stride % 8 == 0, "value_stride", a.value_stride,
-                    ">= num_kv_heads*head_dim = " + std::to_string(row) + " and a multiple of 8 elements");
+  const int64_t H = a.cache.layout.num_kv_heads, D = a.cache.layout.head_dim;
+  check_kv_strides("key", a.key_stride, "key_head_stride", a.key_head_stride, a.num_tokens, H, D);
+  check_kv_strides("value", a.value_stride, "value_head_stride", a.value_head_stride, a.num_tokens, H, D);
+  if (a.saturated)
+    METRALE_CHECK_ARG((reinterpret_cast<uintptr_t>(a.saturated) & 7u) == 0, "saturated",
+                      static_cast<const void*>(a.saturated), "an 8-byte aligned int64[2]");
 }
 
 void validate_attn(const PagedAttnArgs& a, bool writes_out) {

@@ -600,3 +600,133 @@ def test_int64_host_tables_are_accepted(rng):
     assert np.array_equal(got, want)
     with pytest.raises(ValueError, match="block_tables"):
         metrale.decode(b.q, b.cache.layer(0), np.full_like(b.block_tables, 2**40, dtype=np.int64), b.seq_lens)
+
+
+# ------------------------------------- head-strided inputs (issue 19, point 1)
+
+
+def _head_major(rng, B, H, S, D):
+    """transformers' (B, Hkv, S, D) K and V cache tensors (bf16 bits)."""
+    k, v = make_kv(rng, B * S, H, D)
+    return (k.reshape(B, S, H, D).transpose(0, 2, 1, 3).copy(), v.reshape(B, S, H, D).transpose(0, 2, 1, 3).copy())
+
+
+def _write_both(fmt, H, D, key, value, key_packed, value_packed, slots):
+    """Writes the strided and the packed inputs into two caches; returns both caches."""
+    caches = []
+    for k, v in ((key, value), (key_packed, value_packed)):
+        c = metrale.PagedKVCache(fmt, 6, 16, H, D, k_scale=0.02, v_scale=0.03, k_global_scale=0.004,
+                                 v_global_scale=0.003)
+        c.write(0, k, v, slots)
+        caches.append(c)
+    return caches
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4"])
+def test_write_head_strided_views_equal_packed_rows(rng, fmt):
+    B, H, S, D = 5, 3, 7, 64
+    k4, v4 = _head_major(rng, B, H, S, D)
+    # transformers' decode step: the new token of each sequence, key[:, :, -1] (no copy)
+    ks, vs = k4[:, :, -1], v4[:, :, -1]
+    assert ks.strides == (H * S * D * 2, S * D * 2, 2)
+    slots = rng.permutation(96)[:B].astype(np.int64)
+    a, b = _write_both(fmt, H, D, ks, vs, np.ascontiguousarray(ks), np.ascontiguousarray(vs), slots)
+    assert np.array_equal(a.k(0), b.k(0)) and np.array_equal(a.v(0), b.v(0))
+    assert a.saturated() == b.saturated()
+    # a prefill chunk: all S tokens of every sequence, (B, H, S, D), slots (B, S), token b*S + s
+    slots = rng.permutation(96)[:B * S].astype(np.int64)
+    packed = (np.ascontiguousarray(k4.transpose(0, 2, 1, 3)).reshape(B * S, H, D),
+              np.ascontiguousarray(v4.transpose(0, 2, 1, 3)).reshape(B * S, H, D))
+    a, b = _write_both(fmt, H, D, k4, v4, packed[0], packed[1], slots.reshape(B, S))
+    assert np.array_equal(a.k(0), b.k(0)) and np.array_equal(a.v(0), b.v(0))
+    # the same tokens as a (B, S, H, D) projection transposed to (B, H, S, D): evenly spaced tokens
+    kt, vt = packed[0].reshape(B, S, H, D).transpose(0, 2, 1, 3), packed[1].reshape(B, S, H, D).transpose(0, 2, 1, 3)
+    c, _ = _write_both(fmt, H, D, kt, vt, kt, vt, slots)
+    assert np.array_equal(c.k(0), b.k(0)) and np.array_equal(c.v(0), b.v(0))
+    # one sequence's tokens as a permuted (S, H, D) view of its (H, S, D) tensor; K strided, V packed
+    slots = rng.permutation(96)[:S].astype(np.int64)
+    a, b = _write_both(fmt, H, D, k4[2].transpose(1, 0, 2), packed[1][2 * S:3 * S],
+                       packed[0][2 * S:3 * S], packed[1][2 * S:3 * S], slots)
+    assert np.array_equal(a.k(0), b.k(0)) and np.array_equal(a.v(0), b.v(0))
+
+
+def test_write_rejects_bad_strided_inputs(rng):
+    cache = metrale.PagedKVCache("fp8", 4, 16, 2, 64)
+    k4, v4 = _head_major(rng, 3, 2, 4, 64)
+    slots = np.arange(3, dtype=np.int64)
+    with pytest.raises(ValueError, match="'key'"):  # head_dim not contiguous
+        cache.write(0, k4[:, :, -1, ::2], v4[:, :, -1, ::2], slots)
+    with pytest.raises(ValueError, match="'key'"):  # wrong number of heads
+        cache.write(0, k4[:, :1, -1], v4[:, :1, -1], slots)
+    with pytest.raises(ValueError, match="'slot_mapping'"):  # (B, S) needs B*S slots
+        cache.write(0, k4, v4, slots)
+    buf = np.zeros((3, 2, 68), dtype=np.uint16)  # heads 68 elements apart: not a multiple of 8
+    with pytest.raises(ValueError, match="key_head_stride"):
+        cache.write(0, buf[:, :, :64], v4[:, :, -1], slots)
+
+
+# --------------------------------------------- saturation counts (issue 19, point 7)
+
+
+def _saturated_ref(fmt, x_bits, scale, gscale):
+    x = (np.asarray(x_bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if fmt == "fp8":
+        q = x * np.float32(np.float32(1.0) / np.float32(scale))
+    elif fmt == "nvfp4":
+        q = x / (np.float32(6.0) * np.float32(gscale))
+    else:
+        return 0
+    return int(np.count_nonzero(np.abs(q[~np.isnan(q)]) > 464))  # past 448's rounding interval
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4"])
+def test_values_past_the_calibrated_absmax_are_counted(rng, fmt):
+    cache = metrale.PagedKVCache(fmt, 8, 16, 2, 64, num_layers=2)
+    prompt_k, prompt_v = make_kv(rng, 40, 2, 64)
+    cache.calibrate(prompt_k, prompt_v)
+    slots = np.arange(40, dtype=np.int64)
+    cache.write(0, prompt_k, prompt_v, slots)
+    assert cache.saturated(0) == (0, 0)  # the prompt fits its own calibration
+    # decode-time K reaching 1.05x the prompt's absmax
+    # (V, the row holding the absmax among them) and K three times past it
+    k = ref.bf16_bits(ref.bf16_value(make_kv(rng, 10, 2, 64)[0]) * 3.0)
+    top = int(np.argmax(np.abs(ref.bf16_value(prompt_v)).reshape(40, -1).max(axis=1)))
+    v = ref.bf16_bits(ref.bf16_value(np.roll(prompt_v, -top, axis=0)[:10]) * 1.05)
+    s = cache.scales(0)
+    want = (_saturated_ref(fmt, k, s["k_scale"], s["k_global_scale"]),
+            _saturated_ref(fmt, v, s["v_scale"], s["v_global_scale"]))
+    if fmt != "bf16":
+        assert want[0] > 0 and want[1] > 0
+    cache.write(0, k, v, np.arange(40, 50, dtype=np.int64))
+    cache.write(1, k, v, np.array([-1] * 10, dtype=np.int64))  # padding: nothing written, nothing counted
+    assert cache.saturated(0) == want
+    assert cache.saturated(1) == (0, 0)
+    assert cache.saturated() == want
+    assert cache.saturation_counters.shape == (2, 2)
+    # the op-level counter accumulates, K then V
+    counter = np.array([5, 6], dtype=np.int64)
+    metrale.reshape_and_cache(k, v, np.arange(50, 60, dtype=np.int64), cache.layer(1), saturated=counter)
+    assert tuple(counter) == (5 + want[0], 6 + want[1])
+    cache.reset_saturated(0)
+    assert cache.saturated() == (0, 0)
+    with pytest.raises(TypeError, match="'saturated'"):
+        metrale.reshape_and_cache(k, v, slots[:10], cache.layer(1), saturated=np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match="'saturated'"):
+        metrale.reshape_and_cache(k, v, slots[:10], cache.layer(1), saturated=np.zeros(1, np.int64))
+
+
+def test_absmax_and_calibration_of_strided_views(rng):
+    B, H, S, D = 4, 3, 5, 64
+    k4, v4 = _head_major(rng, B, H, S, D)
+    cases = [k4[:, :, -1],                    # transformers' decode slice: one call
+             k4,                              # contiguous
+             k4[:, :, 1:3],                   # a window of positions
+             k4[1].transpose(1, 0, 2),        # (S, H, D) view: a call per head
+             k4.transpose(0, 2, 1, 3)[:, ::2]]  # every other position, token-major
+    for x in cases:
+        want = np.abs(ref.bf16_value(x)).max()
+        assert metrale.bf16_absmax(x) == want, x.strides
+    cache = metrale.PagedKVCache("fp8", 4, 16, H, D)
+    s = cache.calibrate(k4[:, :, -1], v4[:, :, -1])
+    assert s["k_scale"] == np.float32(np.abs(ref.bf16_value(k4[:, :, -1])).max()) / np.float32(448)
+    assert s["v_scale"] == np.float32(np.abs(ref.bf16_value(v4[:, :, -1])).max()) / np.float32(448)

@@ -245,3 +245,33 @@ def test_gpu_cuda_array_interface_inputs(rng):
     metrale.decode(b.q, b.cache.layer(0), CaiOnly(b.block_tables), CaiOnly(b.seq_lens), out)
     torch.cuda.synchronize()
     check(out, b.reference())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_head_strided_writes_and_saturation_equal_cpu(rng, fmt):
+    """transformers' (B, Hkv, S, D) tensors written without a copy (the decode
+    slice key[:, :, -1] and the whole 4-D tensor): the same bytes and the same
+    saturation counts as the CPU backend, with scales calibrated on a smaller
+    range so that values saturate."""
+    B, H, S, D = 6, 4, 5, 128
+    k = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    k[..., rng.choice(D, 3, replace=False)] *= 12
+    v = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    k_bits, v_bits = ref.bf16_bits(k), ref.bf16_bits(v)
+    kt, vt = bits_to_torch(k_bits), bits_to_torch(v_bits)
+    scales = dict(k_scale=4.0 / 448, v_scale=2.0 / 448, k_global_scale=4.0 / 2688, v_global_scale=2.0 / 2688)
+    gpu = metrale.PagedKVCache(fmt, 8, 16, H, D, device=DEV, **scales)
+    cpu = metrale.PagedKVCache(fmt, 8, 16, H, D, **scales)
+    slots = rng.permutation(128)[: B + B * S].astype(np.int64)
+    gpu.write(0, kt[:, :, -1], vt[:, :, -1], torch.from_numpy(slots[:B]).to(DEV))
+    cpu.write(0, k_bits[:, :, -1], v_bits[:, :, -1], slots[:B])
+    gpu.write(0, kt, vt, torch.from_numpy(slots[B:].reshape(B, S)).to(DEV))
+    cpu.write(0, k_bits, v_bits, slots[B:].reshape(B, S))
+    torch.cuda.synchronize()
+    assert np.array_equal(gpu.k(0).cpu().numpy(), cpu.k(0))
+    assert np.array_equal(gpu.v(0).cpu().numpy(), cpu.v(0))
+    assert gpu.saturated() == cpu.saturated()
+    if fmt != "bf16":
+        assert min(cpu.saturated()) > 0
+    acc = metrale.bf16_absmax(kt[:, :, -1])
+    assert acc.item() == np.abs(ref.bf16_value(k_bits[:, :, -1])).max()

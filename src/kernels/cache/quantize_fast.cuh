@@ -44,6 +44,23 @@ __device__ __forceinline__ uint32_t e4m3x4_rne_satfinite(float a, float b, float
 }
 #endif
 
+// codec::e4m3_code_may_saturate of any of four packed codes: (b & 0x7f) + 2
+// <= 0x81 cannot carry into the next byte, and its bit 7 is set exactly when
+// b & 0x7f >= 0x7e.
+METRALE_HD bool e4m3x4_may_saturate(uint32_t w) { return (((w & 0x7f7f7f7fu) + 0x02020202u) & 0x80808080u) != 0u; }
+
+// The saturated elements (codec::nvfp4_saturates) of one NVFP4 group, its
+// 16 bf16 values as 8 words (element 2i in the low half of w[i]); callers
+// look here only where the group's scale code may saturate.
+METRALE_HD uint32_t nvfp4_group_saturated(const uint32_t* w, float six_g) {
+  uint32_t n = 0;
+  for (int i = 0; i < 8; ++i) {
+    n += codec::nvfp4_saturates(codec::f32_from_bits(w[i] << 16), six_g);
+    n += codec::nvfp4_saturates(codec::f32_from_bits(w[i] & 0xffff0000u), six_g);
+  }
+  return n;
+}
+
 // IEEE f32 addition, round to nearest even, never fused with a multiply.
 METRALE_HD float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)

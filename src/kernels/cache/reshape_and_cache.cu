@@ -1,6 +1,6 @@
 // reshape_and_cache on the GPU (SYSTEM.md 1-3): writes each new token's K and
-// V rows (bf16, strided) into its slot of the paged K and V caches, as BF16,
-// FP8 E4M3 or NVFP4.
+// V rows (bf16; token and head strided: fused QKV rows or head-major views)
+// into its slot of the paged K and V caches, as BF16, FP8 E4M3 or NVFP4.
 //
 // Design (one kernel template over the format policies of kernels/formats/,
 // which own the per-format chunk load and quantization; three instantiations):
@@ -37,6 +37,17 @@
 //  * A slot < 0 is padding (skipped). A slot >= capacity is skipped and
 //    counted: the thread holding a token's first chunk counts it; counts are
 //    summed per warp and added with one atomicAdd per warp that saw any.
+//  * Saturated elements (codec::fp8_saturates / nvfp4_saturates) of written
+//    tokens are counted the same way, K and V apart. A chunk looks at its
+//    elements only when one of its codes (FP8) or group scales (NVFP4) is
+//    448 or NaN (codec::e4m3_code_may_saturate), reading them again then, so
+//    the common chunk pays a test of its codes, no per-element work and no
+//    registers held across the store.
+//  * A head stride only moves the source address of a (token, head) row:
+//    each chunk lies inside one head's D contiguous values, so the loads stay
+//    16-byte vectors; the NVFP4 unit route, which indexes a token's heads as
+//    one run, splits the chunk index per head only when heads are not packed
+//    (a template flag: the packed route's code is unchanged).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -60,8 +71,10 @@ constexpr int64_t kMaxBlocks = 8192;  // grid cap; the tile loop covers the rest
 struct CacheWriteParams {
   const bf16* key;
   const bf16* value;
-  int64_t key_stride;    // elements
-  int64_t value_stride;  // elements
+  int64_t key_stride;         // elements between tokens
+  int64_t value_stride;       // elements between tokens
+  int64_t key_head_stride;    // elements between heads (head_dim when packed)
+  int64_t value_head_stride;  // elements between heads
   const int64_t* slot_mapping;
   int64_t num_tokens;
   int64_t capacity;  // num_blocks * block_size
@@ -70,6 +83,7 @@ struct CacheWriteParams {
   int64_t page_stride_bytes;
   int64_t data_section_bytes;
   int32_t* skipped;  // may be null
+  unsigned long long* saturated;  // [2] K, V elements; may be null
   float k_param;     // fp8: 1/k_scale; nvfp4: k_global_scale; bf16: unused
   float v_param;
   int32_t num_kv_heads;
@@ -87,15 +101,22 @@ struct CacheWriteParams {
   int32_t row_scale_bytes;
 };
 
+// A thread's counts: out-of-capacity tokens, saturated K and V elements.
+struct WriteCounts {
+  int32_t skipped = 0;
+  uint32_t k_saturated = 0, v_saturated = 0;
+};
+
 // Both kernels' work split: kThreads-thread tiles of tokens_per_tile tokens,
 // grid-stride over the tiles, item `it` of a tile = chunk `rem` (0 ..
-// chunks_per_token-1) of token `token`. `item(token, rem, skipped)` does one
-// item; the skipped counts reach p.skipped once per warp.
-template <class Item>
+// chunks_per_token-1) of token `token`. `item(token, rem, counts)` does one
+// item; the counts reach p.skipped and p.saturated (formats that can
+// saturate: kSaturates) once per warp.
+template <bool kSaturates, class Item>
 __device__ __forceinline__ void for_each_chunk(const CacheWriteParams& p, Item item) {
   const int32_t cpt = p.chunks_per_token;
   const int64_t num_tiles = (p.num_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
-  int32_t skipped = 0;
+  WriteCounts counts;
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const int64_t tok0 = tile * p.tokens_per_tile;
     const int64_t left = p.num_tokens - tok0;
@@ -105,21 +126,30 @@ __device__ __forceinline__ void for_each_chunk(const CacheWriteParams& p, Item i
       const int32_t lt = int32_t(__umulhi(uint32_t(it), p.cpt_magic));
       const int32_t rem = it - lt * cpt;
       const int64_t token = tok0 + lt;
-      item(token, rem, skipped);
+      item(token, rem, counts);
     }
   }
+  const bool lane0 = (threadIdx.x & 31) == 0;
   if (p.skipped != nullptr) {
-    const int32_t warp_total = __reduce_add_sync(0xffffffffu, skipped);
-    if (warp_total != 0 && (threadIdx.x & 31) == 0) atomicAdd(p.skipped, warp_total);
+    const int32_t warp_total = __reduce_add_sync(0xffffffffu, counts.skipped);
+    if (warp_total != 0 && lane0) atomicAdd(p.skipped, warp_total);
+  }
+  if (kSaturates && p.saturated != nullptr) {
+    // A warp's elements: at most 32 threads' items, far below 2^32.
+    const uint32_t k = __reduce_add_sync(0xffffffffu, counts.k_saturated);
+    const uint32_t v = __reduce_add_sync(0xffffffffu, counts.v_saturated);
+    if (k != 0 && lane0) atomicAdd(p.saturated, (unsigned long long)k);
+    if (v != 0 && lane0) atomicAdd(p.saturated + 1, (unsigned long long)v);
   }
 }
 
 // Whether `slot` is written: not for padding (< 0), nor past the capacity,
 // which counts the token once (at its chunk 0) as skipped.
-__device__ __forceinline__ bool slot_in_cache(const CacheWriteParams& p, int64_t slot, int32_t rem, int32_t& skipped) {
+__device__ __forceinline__ bool slot_in_cache(const CacheWriteParams& p, int64_t slot, int32_t rem,
+                                              WriteCounts& counts) {
   if (slot < 0) return false;
   if (slot >= p.capacity) {
-    skipped += (rem == 0);
+    counts.skipped += (rem == 0);
     return false;
   }
   return true;
@@ -129,24 +159,26 @@ template <class P>
 __global__ void __launch_bounds__(kThreads) reshape_and_cache_kernel(const __grid_constant__ CacheWriteParams p) {
   const int32_t H = p.num_kv_heads;
   const int32_t cpr_mask = (1 << p.log2_chunks_per_row) - 1;
-  for_each_chunk(p, [&](int64_t token, int32_t rem, int32_t& skipped) {
+  for_each_chunk<P::kSaturates>(p, [&](int64_t token, int32_t rem, WriteCounts& counts) {
     const int32_t r = rem >> p.log2_chunks_per_row;  // 0..2H-1: K heads then V heads
     const int32_t chunk = rem & cpr_mask;
     const bool is_v = r >= H;
     const int32_t h = is_v ? r - H : r;
     const bf16* src = is_v ? p.value + token * p.value_stride : p.key + token * p.key_stride;
-    src += int64_t(h) * p.head_dim + int64_t(chunk) * P::kWriteElems;
+    src += int64_t(h) * (is_v ? p.value_head_stride : p.key_head_stride) + int64_t(chunk) * P::kWriteElems;
     // The source row does not depend on the slot: issue its loads together
     // with the slot's so the two latencies overlap (a padding token's row
     // is read for nothing, but it lies inside the key/value input).
     const typename P::WriteChunk raw = P::load_chunk(src);
     const int64_t slot = __ldg(p.slot_mapping + token);
-    if (!slot_in_cache(p, slot, rem, skipped)) return;
+    if (!slot_in_cache(p, slot, rem, counts)) return;
     const int64_t block = slot >> p.log2_block_size;
     const int64_t offset = slot & ((int64_t(1) << p.log2_block_size) - 1);
     uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
     const int64_t row = offset * H + h;  // (t*H + h) within the page
-    P::store_chunk(raw, page, row, chunk, p.head_dim, p.data_section_bytes, is_v ? p.v_param : p.k_param);
+    const float param = is_v ? p.v_param : p.k_param;
+    const uint32_t may = P::store_chunk(raw, page, row, chunk, p.head_dim, p.data_section_bytes, param);
+    if (P::kSaturates && may != 0u) (is_v ? counts.v_saturated : counts.k_saturated) += P::chunk_saturated(src, may, param);
   });
 }
 
@@ -172,16 +204,25 @@ __device__ __forceinline__ uint4 ldg_nc_v4_early(const void* ptr) {
 // row and in the page (row (t*H + h) * D/2 bytes of codes, D/16 of scales),
 // so chunk c of token row t is src + 32c -> codes t*(H*D/2) + 16c, scales
 // t*(H*D/16) + 2c, with no head/chunk split; offsets inside a page fit 32
-// bits (block_size <= 128, H*D/2 <= 2^17).
+// bits (block_size <= 128, H*D/2 <= 2^17). kPackedHeads: the input's heads
+// are packed too (head stride D), so the source is src + 32c; otherwise
+// chunk c is chunk c % (D/32) of head c / (D/32) there.
+template <bool kPackedHeads>
 __global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_constant__ CacheWriteParams p) {
   const int32_t cpr = p.chunks_per_token >> 1;  // chunks of one K (or V) token row
   const int32_t offset_mask = (1 << p.log2_block_size) - 1;
-  for_each_chunk(p, [&](int64_t token, int32_t rem, int32_t& skipped) {
+  for_each_chunk<true>(p, [&](int64_t token, int32_t rem, WriteCounts& counts) {
     const bool is_v = rem >= cpr;
     const int32_t c = is_v ? rem - cpr : rem;
     const bf16* base = is_v ? p.value : p.key;  // select, then one 64-bit multiply-add
     const int64_t stride = is_v ? p.value_stride : p.key_stride;
-    const bf16* src = base + (token * stride + c * 32);
+    const bf16* src;
+    if (kPackedHeads) {
+      src = base + (token * stride + c * 32);
+    } else {
+      const int64_t head = c >> p.log2_chunks_per_row, in_head = c & ((1 << p.log2_chunks_per_row) - 1);
+      src = base + (token * stride + head * (is_v ? p.value_head_stride : p.key_head_stride) + in_head * 32);
+    }
     const uint4 r0 = ldg_nc_v4_early(src), r1 = ldg_nc_v4_early(src + 8), r2 = ldg_nc_v4_early(src + 16),
                 r3 = ldg_nc_v4_early(src + 24);
     const int64_t slot = __ldg(p.slot_mapping + token);
@@ -193,7 +234,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_const
     uint32_t packed[4];
     uint8_t s[2];
     fastq::nvfp4_quantize_2groups_unit(w, is_v ? p.v_six_g : p.k_six_g, is_v ? p.v_param : p.k_param, packed, s);
-    if (!slot_in_cache(p, slot, rem, skipped)) return;
+    if (!slot_in_cache(p, slot, rem, counts)) return;
     const int64_t block = slot >> p.log2_block_size;
     const int32_t offset = int32_t(slot) & offset_mask;
     uint8_t* page = (is_v ? p.v_cache : p.k_cache) + block * p.page_stride_bytes;
@@ -201,6 +242,10 @@ __global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_const
         make_uint4(packed[0], packed[1], packed[2], packed[3]);
     *reinterpret_cast<uint16_t*>(page + p.data_section_bytes + (offset * p.row_scale_bytes + c * 2)) =
         uint16_t(s[0] | (s[1] << 8));
+    const uint32_t may = kernels::Nvfp4Format::may_saturate(s);
+    if (may != 0u)
+      (is_v ? counts.v_saturated : counts.k_saturated) +=
+          kernels::Nvfp4Format::chunk_saturated(src, may, is_v ? p.v_param : p.k_param);
   });
 }
 
@@ -245,6 +290,8 @@ void reshape_and_cache(const CacheWriteArgs& args, Stream stream) {
   p.value = args.value;
   p.key_stride = args.key_stride;
   p.value_stride = args.value_stride;
+  p.key_head_stride = args.key_head_stride_used();
+  p.value_head_stride = args.value_head_stride_used();
   p.slot_mapping = args.slot_mapping;
   p.num_tokens = args.num_tokens;
   p.capacity = l.capacity_slots();
@@ -253,6 +300,7 @@ void reshape_and_cache(const CacheWriteArgs& args, Stream stream) {
   p.page_stride_bytes = l.page_stride_bytes;
   p.data_section_bytes = l.data_section_bytes;
   p.skipped = args.skipped;
+  p.saturated = reinterpret_cast<unsigned long long*>(args.saturated);  // same bytes, two's complement
   p.num_kv_heads = l.num_kv_heads;
   p.head_dim = l.head_dim;
   p.log2_block_size = log2_exact(l.block_size);  // block sizes are powers of two (validated)
@@ -269,7 +317,10 @@ void reshape_and_cache(const CacheWriteArgs& args, Stream stream) {
         p.v_six_g = 6.0f * sc.v_global_scale;
         p.row_code_bytes = p.num_kv_heads * int32_t(kernels::Nvfp4Format::kDesc.row_code_bytes(p.head_dim));
         p.row_scale_bytes = p.num_kv_heads * int32_t(kernels::Nvfp4Format::kDesc.row_scale_bytes(p.head_dim));
-        return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4>", nvfp4_unit_kernel);
+        if (p.key_head_stride == p.head_dim && p.value_head_stride == p.head_dim)
+          return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4>", nvfp4_unit_kernel<true>);
+        return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, head-strided>",
+                                            nvfp4_unit_kernel<false>);
       }
       return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, extreme global scale>");
   }

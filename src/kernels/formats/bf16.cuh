@@ -31,10 +31,13 @@ struct Bf16Format : FormatPolicy<KvFormat::bf16>, VQuadByPairs<Bf16Format> {
     uint4 v;
   };
   __device__ static WriteChunk load_chunk(const bf16* src) { return {__ldg(reinterpret_cast<const uint4*>(src))}; }
-  __device__ static void store_chunk(const WriteChunk& c, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
-                                     int64_t /*data_section*/, float /*param*/) {
+  // BF16 never saturates: returns 0 (kSaturates is false).
+  __device__ static uint32_t store_chunk(const WriteChunk& c, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+                                         int64_t /*data_section*/, float /*param*/) {
     *reinterpret_cast<uint4*>(page + ((row * D) << 1) + chunk * 16) = c.v;
+    return 0;
   }
+  __device__ static uint32_t chunk_saturated(const bf16* /*src*/, uint32_t /*may*/, float /*param*/) { return 0; }
   static float write_param(float /*tensor_scale*/) { return 0.0f; }  // unused
 };
 

@@ -28,7 +28,14 @@
 //   store_chunk(c, page, row, chunk, D, data_section, param)
 //                                 codes (and scales) of the chunk into row
 //                                 (t*H + h) of a page, bit-identical to the
-//                                 CPU codec (src/cpu/kv_rows.hpp)
+//                                 CPU codec (src/cpu/kv_rows.hpp); returns
+//                                 non-zero where the chunk may hold
+//                                 saturated elements (its codes or scales)
+//   chunk_saturated(src, may, param)
+//                                 counts them (the rule of metrale/codec.hpp),
+//                                 reading the chunk at src again: rare, so
+//                                 the common path keeps nothing live for it
+//   kSaturates                    whether a format can saturate at all
 //   write_param(tensor_scale)     host: the `param` of store_chunk
 //
 // Addressing (why the permutations): the dot product over head_dim and the
@@ -52,6 +59,8 @@ struct FormatPolicy {
   static constexpr int kBits = kDesc.code_bits;
   static constexpr bool kScaled = kDesc.group_size > 0;
   static constexpr int kGroupSize = kScaled ? kDesc.group_size : 1;
+  // A format with a calibrated range (a per-tensor scale) can saturate.
+  static constexpr bool kSaturates = kDesc.calibration_max > 0.0f;
 };
 
 // The unscaled formats convert V one tile (an element pair) at a time:

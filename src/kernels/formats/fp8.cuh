@@ -34,8 +34,11 @@ struct Fp8Format : FormatPolicy<KvFormat::fp8_e4m3>, VQuadByPairs<Fp8Format> {
     const uint4* p = reinterpret_cast<const uint4*>(src);
     return {{__ldg(p), __ldg(p + 1)}};
   }
-  __device__ static void store_chunk(const WriteChunk& c, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
-                                     int64_t /*data_section*/, float inv_scale) {
+  // Returns non-zero when the chunk may hold a saturated element: one of its
+  // codes is 448 or NaN (codec::e4m3_code_may_saturate, one packed test per
+  // word); chunk_saturated then counts them.
+  __device__ static uint32_t store_chunk(const WriteChunk& c, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+                                         int64_t /*data_section*/, float inv_scale) {
     float x[16];
     unpack8(c.v[0], x);
     unpack8(c.v[1], x + 8);
@@ -46,6 +49,20 @@ struct Fp8Format : FormatPolicy<KvFormat::fp8_e4m3>, VQuadByPairs<Fp8Format> {
       w[i] = cuda::fastq::e4m3x4_rne_satfinite(x[4 * i] * inv_scale, x[4 * i + 1] * inv_scale,
                                                x[4 * i + 2] * inv_scale, x[4 * i + 3] * inv_scale);
     *reinterpret_cast<uint4*>(page + row * D + chunk * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+    return uint32_t(cuda::fastq::e4m3x4_may_saturate(w[0]) | cuda::fastq::e4m3x4_may_saturate(w[1]) |
+                    cuda::fastq::e4m3x4_may_saturate(w[2]) | cuda::fastq::e4m3x4_may_saturate(w[3]));
+  }
+  // The saturated elements (codec::fp8_saturates) of the chunk at src, read
+  // again (the rare path: the common one keeps no values live for it).
+  __device__ static uint32_t chunk_saturated(const bf16* src, uint32_t /*may*/, float inv_scale) {
+    const WriteChunk c = load_chunk(src);
+    float x[16];
+    unpack8(c.v[0], x);
+    unpack8(c.v[1], x + 8);
+    uint32_t n = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) n += codec::fp8_saturates(x[i], inv_scale);
+    return n;
   }
   // inv_scale = 1.0f / scale, once, in f32 (SYSTEM.md 2).
   static float write_param(float scale) { return 1.0f / scale; }

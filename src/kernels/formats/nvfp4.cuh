@@ -75,8 +75,11 @@ struct Nvfp4Format : FormatPolicy<KvFormat::nvfp4> {
   // 16 bytes of codes at (row*D + 32*chunk)/2 and 2 scale bytes at
   // row*D/16 + 2*chunk: aligned, as D is a multiple of 32 and the page
   // stride, data section and cache base are multiples of 16 (validated).
-  __device__ static void store_chunk(const WriteChunk& c, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
-                                     int64_t data_section, float global_scale) {
+  // Returns the groups that may hold a saturated element (bit g: group g's
+  // scale code is 448 or NaN, codec::e4m3_code_may_saturate); chunk_saturated
+  // then counts them.
+  __device__ static uint32_t store_chunk(const WriteChunk& c, uint8_t* page, int64_t row, int32_t chunk, int32_t D,
+                                         int64_t data_section, float global_scale) {
     const uint32_t w[16] = {c.v[0].x, c.v[0].y, c.v[0].z, c.v[0].w, c.v[1].x, c.v[1].y, c.v[1].z, c.v[1].w,
                             c.v[2].x, c.v[2].y, c.v[2].z, c.v[2].w, c.v[3].x, c.v[3].y, c.v[3].z, c.v[3].w};
     uint32_t packed[4];
@@ -85,6 +88,25 @@ struct Nvfp4Format : FormatPolicy<KvFormat::nvfp4> {
     *reinterpret_cast<uint4*>(page + ((row * D) >> 1) + chunk * 16) =
         make_uint4(packed[0], packed[1], packed[2], packed[3]);
     *reinterpret_cast<uint16_t*>(page + data_section + row * (D >> 4) + chunk * 2) = uint16_t(s[0] | (s[1] << 8));
+    return may_saturate(s);
+  }
+  __device__ __forceinline__ static uint32_t may_saturate(const uint8_t (&s)[2]) {
+    return uint32_t(codec::e4m3_code_may_saturate(s[0])) | uint32_t(codec::e4m3_code_may_saturate(s[1])) << 1;
+  }
+  // The saturated elements (codec::nvfp4_saturates) of the groups `may`
+  // names of the chunk at src, read again (the rare path: the common one
+  // keeps no values live for it).
+  __device__ static uint32_t chunk_saturated(const bf16* src, uint32_t may, float global_scale) {
+    const float six_g = 6.0f * global_scale;  // the codec's f32 product
+    const uint4* p = reinterpret_cast<const uint4*>(src);
+    uint32_t n = 0;
+    for (int g = 0; g < 2; ++g) {
+      if (!(may >> g & 1u)) continue;
+      const uint4 a = __ldg(p + 2 * g), b = __ldg(p + 2 * g + 1);
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      n += cuda::fastq::nvfp4_group_saturated(w, six_g);
+    }
+    return n;
   }
   static float write_param(float global_scale) { return global_scale; }
 };
