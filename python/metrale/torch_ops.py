@@ -25,6 +25,7 @@ allocator (graph-safe).
 
 from __future__ import annotations
 
+import atexit
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -75,6 +76,14 @@ def _layout(spec: List[int]) -> KvCacheLayout:
     return lay
 
 
+@atexit.register
+def _release() -> None:
+    """torch's operator registry keeps this module alive past the extension's teardown: drop the
+    bound objects first (else nanobind reports them as leaked)."""
+    _PLANS.clear()
+    _LAYOUTS.clear()
+
+
 def _scales(scales: List[float]) -> Tuple[float, float, float, float]:
     if len(scales) != 4:
         raise ValueError(f"'scales' = {list(scales)!r}; expected [k_scale, v_scale, k_global_scale, v_global_scale]")
@@ -89,15 +98,17 @@ _PLANS: Dict[tuple, Any] = {}
 
 
 def _plan(device: torch.device, num_seqs: int, num_q_heads: int, lay: KvCacheLayout, spec: List[int],
-          max_seq_len: int, window: int, max_q_len: int, attn_options: bool):
-    """The decode plan of one shape, made once (host work) and kept."""
+          max_seq_len: int, window: int, max_q_len: int, num_q_rows: int, attn_options: bool):
+    """The plan of one shape, made once (host work) and kept (the last 64 shapes)."""
     index = -1 if device.type == "cpu" else (device.index if device.index is not None
                                              else torch.cuda.current_device())
-    key = (index, num_seqs, num_q_heads, tuple(spec), max_seq_len, window, max_q_len, attn_options)
+    key = (index, num_seqs, num_q_heads, tuple(spec), max_seq_len, window, max_q_len, num_q_rows, attn_options)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _metrale.plan_decode(num_seqs, num_q_heads, lay, max_seq_len, window, index, 0, "automatic",
-                                    "automatic", "automatic", max_q_len, 0, attn_options)
+                                    "automatic", "automatic", max_q_len, num_q_rows, attn_options)
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
         _PLANS[key] = plan
     return plan
 
@@ -150,7 +161,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
     if n == 0:
         return out
     plan = _plan(q.device, n, hq, lay, layout, _check_max_seq_len(block_tables, lay, max_seq_len),
-                 int(sliding_window), 1, False)
+                 int(sliding_window), 1, 0, False)
     ws = _workspace(plan, q)
     _metrale.run_decode(plan, _dl(q), lay, _dl(k_cache), _dl(v_cache), _scales(scales), _dl(block_tables),
                         _dl(seq_lens), float(sm_scale), _dl(out), None if ws is None else _dl(ws),
@@ -183,7 +194,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_star
         raise ValueError(f"'max_q_len' = {max_q_len!r}; expected an int >= 1 bounding every run")
     options = sinks is not None or softcap > 0
     plan = _plan(q.device, num_seqs, hq, lay, layout, _check_max_seq_len(block_tables, lay, max_seq_len),
-                 int(sliding_window), int(max_q_len), options)
+                 int(sliding_window), int(max_q_len), rows, options)
     ws = _workspace(plan, q)
     _metrale.attend(plan, _dl(q), hq, lay, _dl(k_cache), _dl(v_cache), _scales(scales), _dl(q_start),
                     _dl(block_tables), _dl(seq_lens), int(sliding_window), float(sm_scale),
