@@ -415,6 +415,7 @@ def metrale_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     head_dim), key/value (batch, kv_heads, n, head_dim) of the new tokens; writes them into the
     current PagedCache and attends over it. Returns ((batch, n, q_heads, head_dim), None)."""
     cache = getattr(_forward, "cache", None)
+    _forward.cache = None  # consumed: each layer's update names the cache again
     layer = getattr(module, "layer_idx", None)
     if cache is None or layer is None or cache._last_layer != layer:
         raise RuntimeError("attn_implementation 'metrale' needs past_key_values=metrale.transformers.PagedCache(...) "
