@@ -165,8 +165,8 @@ class PagedCache(Cache):
                 raise ValueError(f"'{name}' = {val!r}; expected an int >= 1")
         self.format = format
         self.block_size = int(block_size)
-        self.max_batch_size = int(max_batch_size)
-        self.max_cache_len = int(max_cache_len)
+        self._max_batch_size = int(max_batch_size)
+        self._max_cache_len = int(max_cache_len)
         self.max_blocks_per_seq = -(-self.max_cache_len // self.block_size)
         if num_blocks is None:
             num_blocks = self.max_batch_size * self.max_blocks_per_seq
@@ -206,6 +206,14 @@ class PagedCache(Cache):
     @property
     def device(self) -> Optional[torch.device]:
         return self._device
+
+    @property
+    def max_batch_size(self) -> int:  # a property of transformers' Cache in some 5.x releases
+        return self._max_batch_size
+
+    @property
+    def max_cache_len(self) -> int:
+        return self._max_cache_len
 
     def _allocate(self, device: torch.device) -> None:
         if self._device is None:
