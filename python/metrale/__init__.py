@@ -24,6 +24,11 @@ Conventions
   block_size) or ``TypeError`` (wrong dtype, not an array), naming the
   argument and what was expected; CUDA runtime failures raise ``CudaError``.
 
+Submodules imported on demand (they need torch): ``metrale.torch_ops`` (the
+operations as ``torch.ops.metrale.*`` for torch.compile and CUDA graphs) and
+``metrale.transformers`` (a paged cache and ``attn_implementation="metrale"``
+for Hugging Face transformers 5.x; docs/engines.md).
+
 Quick tour::
 
     import numpy as np, metrale

@@ -2,7 +2,12 @@
 # CTest entry of the Python tests (registered by tests/CMakeLists.txt):
 #   tests/python/run_pytest.sh SOURCE_DIR BUILD_DIR [LIBMETRALE]
 # 1. a venv at BUILD_DIR/pyenv (created once) with the build tools and test
-#    dependencies from PyPI: scikit-build-core, nanobind, numpy, pytest;
+#    dependencies from PyPI: scikit-build-core, nanobind, numpy, pytest, and
+#    torch + transformers 5.x for the torch-op and transformers tests (the
+#    PyPI torch wheel with its nvidia-* dependencies: about 100 s and 5.3 GB
+#    the first time; `--no-deps` was tried and does not import: libtorch needs
+#    libcufile, libcusparseLt and libnvshmem from those packages).
+#    METRALE_PYTEST_TORCH=0 leaves torch out (those tests then skip);
 # 2. `pip install` of the package from SOURCE_DIR into it, linking the
 #    libmetrale.a CTest's build already made (METRALE_PREBUILT_LIB), so only
 #    the nanobind extension compiles (the CUDA kernels are not compiled a
@@ -47,6 +52,10 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 if ! "$venv/bin/python" -c "import scikit_build_core, nanobind, numpy, pytest" >/dev/null 2>&1; then
   "${pip[@]}" install "scikit-build-core>=0.10" "nanobind>=2.2" numpy pytest
+fi
+if [ "${METRALE_PYTEST_TORCH:-1}" != 0 ] && ! "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1; then
+  log "installing torch and transformers 5.x (first run only)"
+  "${pip[@]}" install torch "transformers>=5,<6"
 fi
 log "venv ready in $((SECONDS - start)) s"
 

@@ -1,0 +1,464 @@
+"""Hugging Face transformers (5.x) integration: a paged metrale cache and an attention function.
+
+    import metrale.transformers as mt            # registers attn_implementation "metrale"
+    model.set_attn_implementation("metrale")     # or from_pretrained(..., attn_implementation="metrale")
+    cache = mt.PagedCache(model.config, format="nvfp4", max_batch_size=8, max_cache_len=4096)
+    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64)
+
+How it plugs in. transformers calls ``cache.update(key, value, layer_idx)`` and then the
+registered attention function for the same layer. ``PagedCache.update`` only makes the
+cache the forward's current one (a thread-local forward context, the pattern of vLLM's
+``get_forward_context``) and returns K and V unchanged; the attention function writes them
+into the paged cache (``reshape_and_cache``, the only copy of K/V) and attends over it:
+a prefill (or any step of more than one token) with ``metrale.torch_ops.attend`` (query
+runs, causal, aligned to the end of the cache), a one-token decode step with
+``metrale.torch_ops.decode``, or with ``attend`` of one row per sequence where sinks or
+soft-capping are on. The mask function registered under the same name hands the 2-D
+padding mask through unchanged (without one, transformers would pass no mask and left
+padding would be lost).
+
+What the cache does:
+
+* **Blocks**: ``num_blocks`` pages of ``block_size`` tokens per layer (K and V each), handed
+  out on demand from a free list; every layer of a sequence uses the same block ids.
+* **Left padding**: padding columns of the prompt are not written (slot -1) and are not part
+  of the sequence: sequence i holds only its real tokens, so causal alignment and windows
+  are over real positions, as in the padded model's mask.
+* **Sliding windows**: per layer from ``config.layer_types`` / ``config.sliding_window``
+  (or the ``sliding_window`` the model passes); the window is applied by the kernels, the
+  pages stay allocated.
+* **Calibration**: FP8 / NVFP4 scales of each layer from the absmax of the first K/V it is
+  given (the prompt's real tokens), before that write; fixed afterwards.
+
+Limits: one batch per cache (``reset()`` to reuse it); beam search, ``crop`` and
+``reorder_cache`` are not supported; the model runs in bfloat16; the tokens of a decode
+step are never padding (what ``generate`` does). Continuous batching (``generate_batch``)
+builds its own ``PagedAttentionCache`` internally and is not served (docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+try:
+    from transformers import AttentionInterface
+    from transformers.cache_utils import Cache, CacheLayerMixin
+    from transformers.masking_utils import AttentionMaskInterface
+except ImportError as e:  # pragma: no cover - exercised only without transformers
+    raise ImportError(f"metrale.transformers needs transformers >= 5 (import failed: {e})") from e
+
+from . import torch_ops  # noqa: F401 (registers torch.ops.metrale.*)
+from .cache import PagedKVCache
+from .ops import fp8_scale_from_absmax, nvfp4_global_scale_from_absmax
+from ._metrale import KvFormat
+
+ATTN_IMPLEMENTATION = "metrale"
+
+_forward = threading.local()  # .cache: the PagedCache whose layer was updated last on this thread
+
+
+def _layer_windows(config: Any, num_layers: int) -> List[int]:
+    """Per-layer sliding window (0 = full attention) from config.layer_types / sliding_window."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return [int(window) if window else 0] * num_layers
+    if len(types) < num_layers:
+        raise ValueError(f"'config.layer_types' has {len(types)} entries; expected {num_layers} (num_hidden_layers)")
+    out = []
+    for i, t in enumerate(types[:num_layers]):
+        if t == "full_attention":
+            out.append(0)
+        elif t == "sliding_attention":
+            if not window:
+                raise ValueError(f"'config.layer_types[{i}]' = 'sliding_attention' but config.sliding_window = "
+                                 f"{window!r}; expected an int > 0")
+            out.append(int(window))
+        else:
+            raise ValueError(f"'config.layer_types[{i}]' = {t!r}; metrale serves 'full_attention' and "
+                             "'sliding_attention' layers")
+    return out
+
+
+def _kv_rows(x: torch.Tensor) -> torch.Tensor:
+    """(batch, kv_heads, n, head_dim) head-major K or V -> token rows (batch * n, kv_heads, head_dim).
+
+    TODO(issue 19 point 1): the cache write takes row-strided K/V only, so for n > 1 this copies
+    (transpose + contiguous); once reshape_and_cache takes a head stride, pass
+    ``x.transpose(1, 2).reshape(...)`` as a strided view instead and delete the copy. For n == 1
+    (decode) the view is already row-strided and nothing is copied.
+    """
+    b, h, n, d = x.shape
+    if n == 1:
+        return x.reshape(b, h, d)
+    return x.transpose(1, 2).contiguous().view(b * n, h, d)
+
+
+class _PagedLayer(CacheLayerMixin):
+    """One layer's entry in ``Cache.layers`` (lengths, window); the pages live in the PagedCache."""
+
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, owner: "PagedCache", window: int):
+        super().__init__()
+        self._owner = owner
+        self.sliding_window = window
+        self.is_sliding = window > 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise RuntimeError("_PagedLayer.update: call PagedCache.update (the cache writes through the attention)")
+
+    def get_mask_sizes(self, query_length: int, *args) -> Tuple[int, int]:
+        return self._owner._columns + int(query_length), 0
+
+    def get_seq_length(self) -> int:
+        return self._owner._columns
+
+    def get_max_length(self) -> int:
+        return self._owner.max_cache_len
+
+    def reset(self) -> None:
+        self.is_initialized = False
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise RuntimeError("metrale PagedCache: reorder_cache (beam search) is not supported")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RuntimeError("metrale PagedCache: crop (assisted decoding) is not supported")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise RuntimeError("metrale PagedCache: batch_repeat_interleave (num_return_sequences > 1, beam search) is "
+                           "not supported")
+
+    def batch_select_indices(self, indices) -> None:
+        raise RuntimeError("metrale PagedCache: batch_select_indices is not supported")
+
+
+class PagedCache(Cache):
+    """A transformers ``Cache`` whose K/V live in a paged metrale cache of one format.
+
+    ``PagedCache(config, format="bf16", *, max_batch_size, max_cache_len, block_size=16,
+    num_blocks=None, device=None)``: ``format`` "bf16", "fp8" or "nvfp4"; ``max_cache_len``
+    the most real tokens one sequence holds (prompt + generated); ``num_blocks`` pages per
+    layer (default ``max_batch_size * ceil(max_cache_len / block_size)``: every sequence at
+    full length); ``device`` where the pages are allocated (default: the device of the first
+    K given). Use with a model whose ``attn_implementation`` is ``"metrale"``.
+    """
+
+    def __init__(self, config: Any, format: str = "bf16", *, max_batch_size: int, max_cache_len: int,
+                 block_size: int = 16, num_blocks: Optional[int] = None, device: Any = None):
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        num_layers = int(text.num_hidden_layers)
+        for name, val in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len),
+                          ("block_size", block_size)):
+            if not isinstance(val, int) or val < 1:
+                raise ValueError(f"'{name}' = {val!r}; expected an int >= 1")
+        self.format = format
+        self.block_size = int(block_size)
+        self._max_batch_size = int(max_batch_size)
+        self._max_cache_len = int(max_cache_len)
+        self.max_blocks_per_seq = -(-self.max_cache_len // self.block_size)
+        if num_blocks is None:
+            num_blocks = self.max_batch_size * self.max_blocks_per_seq
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"'num_blocks' = {num_blocks!r}; expected an int >= 1")
+        self.num_blocks = int(num_blocks)
+        self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+        self.num_q_heads = int(text.num_attention_heads)
+        self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+        self.windows = _layer_windows(text, num_layers)
+        self._device = None if device is None else torch.device(device)
+        self.kv: Optional[PagedKVCache] = None  # allocated on the first update (on the K's device)
+        super().__init__(layers=[_PagedLayer(self, w) for w in self.windows])
+        self._clear()
+
+    # ---- state of the batch
+    def _clear(self) -> None:
+        self._columns = 0            # columns seen, padding included (transformers' sequence length)
+        self._batch = 0
+        self._lens = np.zeros(0, dtype=np.int64)       # real tokens per sequence (host)
+        self._table = np.zeros((0, 0), dtype=np.int32)  # block ids (host mirror)
+        self._free = list(range(self.num_blocks - 1, -1, -1))
+        self._calibrated = [False] * len(self.windows)
+        self._last_layer = None
+        self._step: Optional[_Step] = None
+        self._dev: Dict[str, torch.Tensor] = {}
+
+    def reset(self) -> None:
+        """Frees every block and forgets the batch (the pages and calibrated scales stay allocated;
+        a new batch recalibrates)."""
+        super().reset()
+        self._clear()
+        if self.kv is not None:
+            self.kv._written = [False] * self.kv.num_layers
+            self.kv.reset_calibration()
+
+    @property
+    def device(self) -> Optional[torch.device]:
+        return self._device
+
+    @property
+    def max_batch_size(self) -> int:  # a property of transformers' Cache in some 5.x releases
+        return self._max_batch_size
+
+    @property
+    def max_cache_len(self) -> int:
+        return self._max_cache_len
+
+    def _allocate(self, device: torch.device) -> None:
+        if self._device is None:
+            self._device = device
+        self.kv = PagedKVCache(self.format, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
+                               num_layers=len(self.windows), device=str(self._device))
+        self._spec = torch_ops.layout_spec(self.kv.layout)
+
+    # ---- transformers' Cache interface
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Makes this cache the forward's current one and returns K and V unchanged: the attention
+        function writes them (the cache's only copy) and attends over the pages."""
+        if not 0 <= layer_idx < len(self.layers):
+            raise ValueError(f"'layer_idx' = {layer_idx}; expected an int in [0, {len(self.layers)})")
+        if self.kv is None:
+            self._allocate(key_states.device)
+        if self._last_layer is None or layer_idx <= self._last_layer:  # the first layer of a new forward
+            self._columns += int(key_states.shape[2])
+            self._step = None
+        self._last_layer = layer_idx
+        self.layers[layer_idx].is_initialized = True
+        _forward.cache = self
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._columns
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0, *args) -> Tuple[int, int]:
+        return self._columns + int(query_length), 0
+
+    def get_max_length(self, layer_idx: Optional[int] = None) -> int:
+        return self.max_cache_len
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch or -1
+
+    # ---- the step's metadata
+    def _take_block(self) -> int:
+        if not self._free:
+            raise RuntimeError(f"metrale PagedCache: out of blocks (num_blocks = {self.num_blocks}); pass a larger "
+                               "num_blocks or max_cache_len")
+        return self._free.pop()
+
+    def _grow(self, b: int, new_len: int) -> None:
+        """Gives sequence b the blocks that `new_len` real tokens need (host table)."""
+        if new_len > self.max_cache_len:
+            raise RuntimeError(f"metrale PagedCache: sequence {b} reaches {new_len} tokens; expected at most "
+                               f"max_cache_len = {self.max_cache_len}")
+        have = -(-int(self._lens[b]) // self.block_size)
+        need = -(-new_len // self.block_size)
+        for j in range(have, need):
+            self._table[b, j] = self._take_block()
+
+    def _begin_batch(self, batch: int, device: torch.device) -> None:
+        if batch > self.max_batch_size:
+            raise ValueError(f"batch of {batch} sequences; expected at most max_batch_size = {self.max_batch_size}")
+        self._batch = batch
+        self._lens = np.zeros(batch, dtype=np.int64)
+        self._table = np.zeros((batch, self.max_blocks_per_seq), dtype=np.int32)
+        self._dev = {"table": torch.zeros((batch, self.max_blocks_per_seq), dtype=torch.int32, device=device),
+                     "lens": torch.zeros(batch, dtype=torch.int32, device=device),
+                     "one_row_starts": torch.arange(batch + 1, dtype=torch.int32, device=device)}
+
+    def _prepare(self, batch: int, n: int, mask: Optional[torch.Tensor], device: torch.device) -> "_Step":
+        """This forward's slots, lengths and runs, made at its first attention call."""
+        if self._step is not None:
+            return self._step
+        if self._batch == 0:
+            self._begin_batch(batch, device)
+        elif batch != self._batch:
+            raise ValueError(f"a forward of {batch} sequences on a cache holding a batch of {self._batch}; call "
+                             "cache.reset() before a new batch")
+        dev = self._dev
+        if n == 1 and self._lens.min(initial=1) > 0:
+            # Decode: every sequence gains one real token. Blocks are handed out on the host (it
+            # knows every length); the device table is patched with scalar fills and the slots
+            # computed on the device, so nothing here waits for the device.
+            grow = np.nonzero(self._lens % self.block_size == 0)[0]
+            for b in grow:
+                j = int(self._lens[b]) // self.block_size
+                self._grow(int(b), int(self._lens[b]) + 1)
+                dev["table"][int(b), j] = int(self._table[b, j])
+            self._lens += 1
+            dev["lens"] += 1
+            pos = (dev["lens"] - 1).long()
+            page = dev["table"].gather(1, (pos // self.block_size).unsqueeze(1)).squeeze(1).long()
+            slots = page * self.block_size + pos % self.block_size
+            self._step = _Step(n=1, slots=slots, q_start=dev["one_row_starts"], rows=None, max_q_len=1,
+                               max_len=int(self._lens.max()))
+            return self._step
+        # Several tokens (a prompt, a chunk): the padding mask is read on the host (once per forward).
+        if mask is None:
+            real = np.ones((batch, n), dtype=bool)
+        else:
+            if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] < n:
+                raise ValueError(f"'attention_mask': shape {tuple(mask.shape)}; expected the 2-D padding mask "
+                                 f"({batch}, >= {n}) (attn_implementation 'metrale' registers its mask function)")
+            real = mask[:, -n:].to(torch.bool).cpu().numpy()
+        counts = real.sum(axis=1)
+        for b in range(batch):
+            r = int(counts[b])
+            if r and not real[b, n - r:].all():
+                raise ValueError(f"'attention_mask': row {b} is not left-padded (padding after a real token); "
+                                 "metrale's cache takes left padding only")
+            if r < n and self._lens[b] > 0:
+                raise ValueError(f"'attention_mask': row {b} pads new tokens after {int(self._lens[b])} cached "
+                                 "ones; only a prompt may be padded")
+        slots = np.full((batch, n), -1, dtype=np.int64)
+        for b in range(batch):
+            r = int(counts[b])
+            if r == 0:
+                continue
+            start = int(self._lens[b])
+            self._grow(b, start + r)
+            pos = np.arange(start, start + r)
+            slots[b, n - r:] = self._table[b, pos // self.block_size].astype(np.int64) * self.block_size \
+                + pos % self.block_size
+        self._lens += counts
+        q_start = np.zeros(batch + 1, dtype=np.int32)
+        np.cumsum(counts, out=q_start[1:])
+        rows = np.flatnonzero(real.reshape(-1))
+        dev["table"].copy_(torch.from_numpy(self._table))
+        dev["lens"].copy_(torch.from_numpy(self._lens.astype(np.int32)))
+        self._step = _Step(n=n, slots=torch.from_numpy(slots.reshape(-1)).to(device),
+                           q_start=torch.from_numpy(q_start).to(device),
+                           rows=None if len(rows) == batch * n else torch.from_numpy(rows).to(device),
+                           max_q_len=max(1, int(counts.max(initial=1))), max_len=int(self._lens.max(initial=0)))
+        return self._step
+
+    def _calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
+        """Scales of `layer` from the absmax of the real rows of its first K/V (before writing)."""
+        self._calibrated[layer] = True
+        fmt = self.kv.format
+        if fmt == KvFormat.bf16:
+            return
+        real = (slots >= 0).view(-1, 1, 1)
+        k = float(torch.where(real, key, torch.zeros((), dtype=key.dtype, device=key.device)).abs().amax())
+        v = float(torch.where(real, value, torch.zeros((), dtype=value.dtype, device=value.device)).abs().amax())
+        if fmt == KvFormat.fp8_e4m3:
+            self.kv.set_scales(layer, k_scale=fp8_scale_from_absmax(k), v_scale=fp8_scale_from_absmax(v))
+        else:
+            self.kv.set_scales(layer, k_global_scale=nvfp4_global_scale_from_absmax(k),
+                               v_global_scale=nvfp4_global_scale_from_absmax(v))
+
+    def _plan_len(self, max_len: int) -> int:
+        """The decode plan's max_seq_len: the longest sequence rounded up to a power of two (>= 256),
+        so a plan is made a few times per generation, not per step."""
+        return min(max(256, 1 << max(0, (max_len - 1).bit_length())), self.max_blocks_per_seq * self.block_size)
+
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               mask: Optional[torch.Tensor], scaling: Optional[float], window: int, softcap: float,
+               sinks: Optional[torch.Tensor]) -> torch.Tensor:
+        """Writes this forward's K/V of `layer` and attends: (batch, n, q_heads, head_dim) bf16."""
+        batch, hq, n, d = query.shape
+        step = self._prepare(batch, n, mask, query.device)
+        kr, vr = _kv_rows(key), _kv_rows(value)
+        if not self._calibrated[layer]:
+            self._calibrate(layer, kr, vr, step.slots)
+        view = self.kv.layer(layer)
+        k_cache, v_cache = self.kv.k(layer), self.kv.v(layer)
+        if not isinstance(k_cache, torch.Tensor):  # CPU pages are NumPy arrays: share them with torch
+            k_cache, v_cache = torch.from_numpy(k_cache), torch.from_numpy(v_cache)
+        scales = list(view.scales)
+        torch.ops.metrale.reshape_and_cache(kr, vr, step.slots, k_cache, v_cache, self._spec, scales)
+        self.kv._written[layer] = True
+        sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
+        table, lens = self._dev["table"], self._dev["lens"]
+        plan_len = self._plan_len(step.max_len)
+        if n == 1 and sinks is None and softcap == 0:
+            out = torch.ops.metrale.decode(query.reshape(batch, hq, d), k_cache, v_cache, table, lens, self._spec,
+                                           scales, sm, window, plan_len)
+            return out.view(batch, 1, hq, d)
+        q_rows = query.transpose(1, 2).reshape(batch * n, hq, d)
+        if step.rows is not None:
+            q_rows = q_rows.index_select(0, step.rows)
+        out = torch.ops.metrale.attend(q_rows, k_cache, v_cache, step.q_start, table, lens, sinks, self._spec,
+                                       scales, sm, window, softcap, step.max_q_len, plan_len)
+        if step.rows is None:
+            return out.view(batch, n, hq, d)
+        full = out.new_zeros((batch * n, hq, d))
+        full.index_copy_(0, step.rows, out)
+        return full.view(batch, n, hq, d)
+
+
+class _Step:
+    """One forward's metadata, shared by its layers: slot per column (-1 = padding), run starts
+    over the real query rows, their indices among the columns (None: every column is real)."""
+
+    __slots__ = ("n", "slots", "q_start", "rows", "max_q_len", "max_len")
+
+    def __init__(self, n, slots, q_start, rows, max_q_len, max_len):
+        self.n, self.slots, self.q_start, self.rows = n, slots, q_start, rows
+        self.max_q_len, self.max_len = max_q_len, max_len
+
+
+def metrale_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None,
+                              dropout: float = 0.0, sliding_window: Optional[int] = None,
+                              softcap: Optional[float] = None, s_aux: Optional[torch.Tensor] = None,
+                              **kwargs) -> Tuple[torch.Tensor, None]:
+    """The attention function of ``attn_implementation="metrale"``: query (batch, q_heads, n,
+    head_dim), key/value (batch, kv_heads, n, head_dim) of the new tokens; writes them into the
+    current PagedCache and attends over it. Returns ((batch, n, q_heads, head_dim), None)."""
+    cache = getattr(_forward, "cache", None)
+    _forward.cache = None  # consumed: each layer's update names the cache again
+    layer = getattr(module, "layer_idx", None)
+    if cache is None or layer is None or cache._last_layer != layer:
+        raise RuntimeError("attn_implementation 'metrale' needs past_key_values=metrale.transformers.PagedCache(...) "
+                           f"updated for this layer (module layer_idx = {layer!r}); pass one to generate/forward")
+    if query.dtype != torch.bfloat16:
+        raise TypeError(f"'query': dtype {query.dtype}; attn_implementation 'metrale' expects torch.bfloat16 "
+                        "(load the model with dtype=torch.bfloat16)")
+    if dropout:
+        raise ValueError(f"'dropout' = {dropout!r}; metrale attention is inference-only (expected 0)")
+    if key.shape[2] != query.shape[2]:
+        raise ValueError(f"'key': {key.shape[2]} tokens for {query.shape[2]} query tokens; expected the new "
+                         "tokens' K/V as PagedCache.update returns them")
+    window = int(sliding_window) if sliding_window else cache.windows[layer]
+    sinks = None
+    if s_aux is not None:
+        sinks = s_aux.detach().to(torch.float32).contiguous()
+    out = cache.attend(layer, query, key, value, attention_mask, scaling, window, float(softcap or 0.0), sinks)
+    return out, None
+
+
+def metrale_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                 mask_function: Any = None, attention_mask: Optional[torch.Tensor] = None, **kwargs):
+    """The mask function of ``"metrale"``: the 2-D padding mask (batch, kv_length) as given (None
+    when there is none). Causality and windows are the kernels' (aligned to the end of the cache)."""
+    if attention_mask is None:
+        return None
+    return attention_mask
+
+
+def register(name: str = ATTN_IMPLEMENTATION) -> None:
+    """Registers the attention and mask functions under `name` (done on import for "metrale")."""
+    AttentionInterface.register(name, metrale_attention_forward)
+    AttentionMaskInterface.register(name, metrale_mask)
+
+
+register()
+
+__all__ = ["PagedCache", "metrale_attention_forward", "metrale_mask", "register", "ATTN_IMPLEMENTATION"]

@@ -1,0 +1,219 @@
+"""metrale.torch_ops: the torch.library operators (cache write, decode, query runs) against
+the plain Python API and the float64 reference, under torch.library.opcheck, inside
+torch.compile(fullgraph=True) with no graph break, and (on a GPU) captured in a CUDA graph.
+CPU tensors run the CPU backend. Skipped without torch."""
+
+import math
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import metrale  # noqa: E402
+import metrale.torch_ops as mto  # noqa: E402
+import metrale_ref as ref  # noqa: E402
+
+SEED = int(os.environ.get("METRALE_TEST_SEED", np.random.SeedSequence().entropy % (2**32)))
+FORMATS = ["bf16", "fp8", "nvfp4"]
+
+
+@pytest.fixture
+def rng(request):
+    seed = (SEED + zlib.crc32(request.node.name.encode())) % (2**32)
+    print(f"seed {seed} (METRALE_TEST_SEED={SEED})")
+    return np.random.default_rng(seed)
+
+
+def bf16(x, device="cpu"):
+    return torch.from_numpy(np.ascontiguousarray(ref.bf16_bits(x)).view(np.int16)).view(torch.bfloat16).to(device)
+
+
+class Problem:
+    """A paged batch in torch tensors: pages shuffled, lens mixed, K/V not yet written."""
+
+    def __init__(self, rng, fmt, *, lens=(37, 16, 1, 70), Hq=8, Hkv=2, D=64, B=16, device="cpu"):
+        self.fmt, self.Hq, self.Hkv, self.D, self.B = fmt, Hq, Hkv, D, B
+        lens = np.asarray(lens, dtype=np.int32)
+        S = len(lens)
+        mb = -(-int(lens.max()) // B)
+        nb = S * mb + 2
+        self.layout = metrale.make_layout(fmt, nb, B, Hkv, D)
+        self.spec = mto.layout_spec(self.layout)
+        table = rng.permutation(nb)[: S * mb].astype(np.int32).reshape(S, mb)
+        slots = np.concatenate([table[i, np.arange(n) // B].astype(np.int64) * B + np.arange(n) % B
+                                for i, n in enumerate(lens)])
+        n = len(slots)
+        k = rng.standard_normal((n, Hkv, D)).astype(np.float32)
+        k[:, :, rng.choice(D, 3, replace=False)] *= 12
+        v = rng.standard_normal((n, Hkv, D)).astype(np.float32)
+        self.key, self.value = bf16(k, device), bf16(v, device)
+        self.slots = torch.from_numpy(slots).to(device)
+        self.table = torch.from_numpy(table).to(device)
+        self.lens = torch.from_numpy(lens).to(device)
+        self.lens_np = lens
+        self.q = bf16(rng.standard_normal((S, Hq, D)), device)
+        self.k_cache = torch.zeros((nb, self.layout.page_stride_bytes), dtype=torch.uint8, device=device)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        kmax, vmax = float(self.key.float().abs().max()), float(self.value.float().abs().max())
+        if fmt == "fp8":
+            self.scales = [metrale.fp8_scale_from_absmax(kmax), metrale.fp8_scale_from_absmax(vmax), 1.0, 1.0]
+        elif fmt == "nvfp4":
+            self.scales = [1.0, 1.0, metrale.nvfp4_global_scale_from_absmax(kmax),
+                           metrale.nvfp4_global_scale_from_absmax(vmax)]
+        else:
+            self.scales = [1.0, 1.0, 1.0, 1.0]
+
+    def view(self):
+        s = self.scales
+        return metrale.KVCacheView(self.layout, self.k_cache, self.v_cache, k_scale=s[0], v_scale=s[1],
+                                   k_global_scale=s[2], v_global_scale=s[3])
+
+    def write(self):
+        torch.ops.metrale.reshape_and_cache(self.key, self.value, self.slots, self.k_cache, self.v_cache, self.spec,
+                                            self.scales)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ops_equal_the_python_api(rng, fmt):
+    p = Problem(rng, fmt)
+    p.write()
+    k_op, v_op = p.k_cache.clone(), p.v_cache.clone()
+    p.k_cache.zero_()
+    p.v_cache.zero_()
+    metrale.reshape_and_cache(p.key, p.value, p.slots, p.view())
+    assert torch.equal(k_op, p.k_cache) and torch.equal(v_op, p.v_cache)
+    sm = 1 / math.sqrt(p.D)
+    out = torch.ops.metrale.decode(p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec, p.scales, sm, 0, 0)
+    want = metrale.decode(p.q, p.view(), p.table, p.lens)
+    assert torch.equal(out, want)
+    # one row per sequence through attend is decode
+    q_start = torch.arange(len(p.lens_np) + 1, dtype=torch.int32)
+    out1 = torch.ops.metrale.attend(p.q, p.k_cache, p.v_cache, q_start, p.table, p.lens, None, p.spec, p.scales, sm,
+                                    0, 0.0, 1, 0)
+    assert torch.equal(out1, want)
+
+
+def test_decode_op_matches_float64_reference(rng):
+    p = Problem(rng, "bf16")
+    p.write()
+    out = torch.ops.metrale.decode(p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec, p.scales, 1 / math.sqrt(p.D),
+                                   0, 0)
+    kf = ref.dequant_cache("bf16", p.k_cache.numpy(), p.layout, 1.0, 1.0)
+    vf = ref.dequant_cache("bf16", p.v_cache.numpy(), p.layout, 1.0, 1.0)
+    q_bits = p.q.view(torch.int16).numpy().view(np.uint16)
+    want = ref.decode_ref(q_bits, kf, vf, p.table.numpy(), p.lens_np, p.B, 1 / math.sqrt(p.D), 0)
+    got = out.float().numpy()
+    err = np.abs(got - want).max() / max(1e-6, np.abs(want).max())
+    assert err < 2 ** -7, err
+
+
+@pytest.mark.parametrize("window,softcap,sinks", [(0, 0.0, False), (5, 0.0, False), (0, 30.0, True)])
+def test_attend_op_runs_equal_python_attend(rng, window, softcap, sinks):
+    p = Problem(rng, "fp8")
+    p.write()
+    runs = np.array([3, 1, 1, 8], dtype=np.int32)
+    q_start = torch.from_numpy(np.concatenate([[0], np.cumsum(runs)]).astype(np.int32))
+    q = bf16(rng.standard_normal((int(runs.sum()), p.Hq, p.D)))
+    s = torch.from_numpy(rng.standard_normal(p.Hq).astype(np.float32)) if sinks else None
+    out = torch.ops.metrale.attend(q, p.k_cache, p.v_cache, q_start, p.table, p.lens, s, p.spec, p.scales, 0.125,
+                                   window, softcap, int(runs.max()), 0)
+    want = metrale.attend(q, p.view(), q_start, p.table, p.lens, sliding_window=window, sm_scale=0.125, sinks=s,
+                          softcap=softcap)
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_opcheck(rng, fmt):
+    p = Problem(rng, fmt)
+    sm = 1 / math.sqrt(p.D)
+    torch.library.opcheck(torch.ops.metrale.reshape_and_cache.default,
+                          (p.key, p.value, p.slots, p.k_cache, p.v_cache, p.spec, p.scales))
+    p.write()
+    torch.library.opcheck(torch.ops.metrale.decode.default,
+                          (p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec, p.scales, sm, 0, 0))
+    q_start = torch.arange(len(p.lens_np) + 1, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.metrale.attend.default,
+                          (p.q, p.k_cache, p.v_cache, q_start, p.table, p.lens, None, p.spec, p.scales, sm, 0, 0.0,
+                           1, 0))
+
+
+def _decode_step(spec, scales, sm):
+    def step(q, key, value, slots, k_cache, v_cache, table, lens):
+        torch.ops.metrale.reshape_and_cache(key, value, slots, k_cache, v_cache, spec, scales)
+        out = torch.ops.metrale.decode(q, k_cache, v_cache, table, lens + 1, spec, scales, sm, 0, 0)
+        return out.float().sum(dim=-1)  # torch work after the op joins the same graph
+    return step
+
+
+@pytest.mark.parametrize("fmt,backend", [("bf16", "inductor"), ("nvfp4", "aot_eager")])
+def test_compile_fullgraph_decode_step(rng, fmt, backend):
+    """A decode step (write one token per sequence, attend) under torch.compile(fullgraph=True):
+    no graph break, and the result of eager execution."""
+    import torch._dynamo as dynamo
+    p = Problem(rng, fmt, lens=(37, 16, 5, 70))
+    p.write()
+    # the next token of every sequence: slot at position lens[i]
+    table, lens = p.table.numpy(), p.lens_np
+    slots = torch.from_numpy(np.array([table[i, n // p.B] * p.B + n % p.B for i, n in enumerate(lens)],
+                                      dtype=np.int64))
+    key = bf16(rng.standard_normal((len(lens), p.Hkv, p.D)))
+    value = bf16(rng.standard_normal((len(lens), p.Hkv, p.D)))
+    step = _decode_step(p.spec, p.scales, 1 / math.sqrt(p.D))
+    kc, vc = p.k_cache.clone(), p.v_cache.clone()
+    want = step(p.q, key, value, slots, kc, vc, p.table, p.lens)
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    kc2, vc2 = p.k_cache.clone(), p.v_cache.clone()
+    got = compiled(p.q, key, value, slots, kc2, vc2, p.table, p.lens)
+    assert not dynamo.utils.counters["graph_break"], dict(dynamo.utils.counters["graph_break"])
+    assert torch.equal(got, want)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)  # the mutation is kept through functionalisation
+
+
+def test_ops_reject_bad_layout_spec(rng):
+    p = Problem(rng, "bf16")
+    with pytest.raises(ValueError, match="layout"):
+        torch.ops.metrale.decode(p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec[:5], p.scales, 0.1, 0, 0)
+    with pytest.raises(ValueError, match="scales"):
+        torch.ops.metrale.decode(p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec, [1.0], 0.1, 0, 0)
+    with pytest.raises(ValueError, match="max_q_len"):
+        torch.ops.metrale.attend(p.q, p.k_cache, p.v_cache, torch.arange(5, dtype=torch.int32), p.table, p.lens,
+                                 None, p.spec, p.scales, 0.1, 0, 0.0, 0, 0)
+    with pytest.raises(TypeError, match="layout"):
+        mto.layout_spec("bf16")
+
+
+gpu = pytest.mark.skipif(not (torch.cuda.is_available() and metrale.cuda_available()),
+                         reason="no CUDA device usable by metrale (sm_90)")
+
+
+@gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cuda_graph_captures_a_decode_step(rng, fmt):
+    p = Problem(rng, fmt, device="cuda", lens=(300, 17, 1, 1000))
+    p.write()
+    table, lens = p.table.cpu().numpy(), p.lens_np
+    slots = torch.from_numpy(np.array([table[i, n // p.B] * p.B + n % p.B for i, n in enumerate(lens)],
+                                      dtype=np.int64)).cuda()
+    key = bf16(rng.standard_normal((len(lens), p.Hkv, p.D)), "cuda")
+    value = bf16(rng.standard_normal((len(lens), p.Hkv, p.D)), "cuda")
+    step = _decode_step(p.spec, p.scales, 1 / math.sqrt(p.D))
+    kc, vc = p.k_cache.clone(), p.v_cache.clone()
+    want = step(p.q, key, value, slots, kc, vc, p.table, p.lens)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up: plans made outside the capture
+        step(p.q, key, value, slots, p.k_cache.clone(), p.v_cache.clone(), p.table, p.lens)
+    torch.cuda.current_stream().wait_stream(s)
+    kc2, vc2 = p.k_cache.clone(), p.v_cache.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = step(p.q, key, value, slots, kc2, vc2, p.table, p.lens)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)

@@ -1,0 +1,137 @@
+"""metrale.transformers: a small Qwen3 model (random weights, 2 layers: one full, one sliding
+window of 24; hidden 256, 4 q / 2 kv heads, head_dim 64, pages of 16) generating greedily
+on CPU through attn_implementation "metrale" and a PagedCache, against the same model with
+SDPA, on a left-padded batch (bench/hf_generate.py computes the figures).
+
+Tolerances (max |logit - SDPA logit| over batch, vocabulary and 9 teacher-forced steps;
+SDPA's logits reach about 1.3; measured over seeds): BF16 0.009-0.012 while eager attention
+is 0.010-0.013 from SDPA: BF16 must be within 1.5x eager's distance; FP8 0.05-0.056:
+<= 0.1 x max|logit|; NVFP4 0.18-0.21: <= 0.3 x max|logit|. BF16's greedy tokens must equal
+SDPA's up to the first step whose SDPA top-2 gap is within twice the measured error (a tie);
+the quantised formats' token agreement is reported, not asserted.
+Passes with transformers 5.17.0 and 5.24.0. Skipped without torch / transformers."""
+
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import metrale  # noqa: E402
+import metrale.transformers as mt  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import hf_generate as hg  # noqa: E402
+
+PROMPTS = [40, 17, 33, 29]  # left-padded to 40; the window (24) is shorter than the longest
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hg.build_model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, sliding_window=24, vocab=512,
+                          seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts(model):
+    return hg.make_prompts(PROMPTS, model.config.vocab_size, seed=0)
+
+
+@pytest.fixture(scope="module")
+def report(model, prompts):
+    ids, mask = prompts
+    r = hg.compare(model, ids, mask, NEW)
+    for name, v in r.items():
+        print(name, v)
+    return r
+
+
+def _tokens_ok(r):
+    return r["tokens_equal_steps"] == NEW or r["first_mismatch_margin"] <= 2 * r["max_err"]
+
+
+def test_bf16_as_close_to_sdpa_as_eager(report):
+    r, eager = report["metrale-bf16"], report["eager"]["max_err"]
+    assert r["finite"]
+    assert r["max_err"] <= 1.5 * eager, (r["max_err"], eager)
+    assert _tokens_ok(r), r
+
+
+@pytest.mark.parametrize("fmt,bound", [("fp8", 0.1), ("nvfp4", 0.3)])
+def test_quantised_caches_have_bounded_logit_error(report, fmt, bound):
+    r = report[f"metrale-{fmt}"]
+    assert r["finite"]
+    assert r["max_err"] <= bound * report["sdpa"]["logit_absmax"], r
+    assert r["mean_err"] <= bound * report["sdpa"]["logit_absmax"] / 4, r
+
+
+def test_cache_pages_hold_only_real_tokens(model, prompts):
+    ids, mask = prompts
+    model.set_attn_implementation("metrale")
+    cache = mt.PagedCache(model.config, "fp8", max_batch_size=4, max_cache_len=64, num_blocks=40)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+              **{hg.cache_kwarg(): cache})
+    assert cache.get_seq_length() == ids.shape[1]          # transformers' columns, padding included
+    assert list(cache._lens) == PROMPTS                    # metrale's lengths: real tokens only
+    used = sum(-(-n // 16) for n in PROMPTS)
+    assert len(cache._free) == 40 - used                   # blocks for real tokens only
+    assert cache.is_sliding == [False, True]
+    assert cache.windows == [0, 24]
+    s = cache.kv.scales(0)                                 # calibrated from the prompt
+    assert s["k_scale"] != 1.0 and s["v_scale"] != 1.0
+    cache.reset()
+    assert cache.get_seq_length() == 0 and len(cache._free) == 40
+
+
+def test_generate_accepts_the_issue_call(model, prompts):
+    """model.generate(..., past_key_values=PagedCache(config, format="nvfp4", ...)) on a model set to 'metrale'."""
+    ids, mask = prompts
+    model.set_attn_implementation("metrale")
+    cache = mt.PagedCache(model.config, format="nvfp4", max_batch_size=4, max_cache_len=64)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                         **{hg.cache_kwarg(): cache})
+    assert out.shape == (4, ids.shape[1] + 3)
+    assert list(cache._lens) == [n + 2 for n in PROMPTS]  # the last token is sampled, not fed back
+
+
+def test_errors_name_the_problem(model, prompts):
+    ids, mask = prompts
+    model.set_attn_implementation("metrale")
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match="PagedCache"):
+            model(input_ids=ids, attention_mask=mask, use_cache=False)
+        right = mask.flip(1)  # right padding
+        cache = mt.PagedCache(model.config, "bf16", max_batch_size=4, max_cache_len=64)
+        with pytest.raises(ValueError, match="left-padded"):
+            model(input_ids=ids, attention_mask=right, use_cache=True, **{hg.cache_kwarg(): cache})
+        cache = mt.PagedCache(model.config, "bf16", max_batch_size=2, max_cache_len=64)
+        with pytest.raises(ValueError, match="max_batch_size"):
+            model(input_ids=ids, attention_mask=mask, use_cache=True, **{hg.cache_kwarg(): cache})
+        cache = mt.PagedCache(model.config, "bf16", max_batch_size=4, max_cache_len=20)
+        with pytest.raises(RuntimeError, match="max_cache_len"):
+            model(input_ids=ids, attention_mask=mask, use_cache=True, **{hg.cache_kwarg(): cache})
+    with pytest.raises(ValueError, match="max_cache_len"):
+        mt.PagedCache(model.config, "bf16", max_batch_size=4, max_cache_len=0)
+    bad = type(model.config)(**{**model.config.to_dict(), "layer_types": ["full_attention", "chunked_attention"]})
+    with pytest.raises(ValueError, match="layer_types"):
+        mt.PagedCache(bad, "bf16", max_batch_size=1, max_cache_len=8)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and metrale.cuda_available()),
+                    reason="no CUDA device usable by metrale (sm_90)")
+def test_gpu_hf_generate_script_runs_quickly():
+    """bench/hf_generate.py on the GPU with a reduced model (the lead runs the full shape)."""
+    rc = hg.main(["--device", "cuda", "--layers", "2", "--hidden", "1024", "--prompt-lens", "64,300,129,17",
+                  "--new-tokens", "4", "--vocab", "2048", "--sliding-window", "128"])
+    assert rc == 0
+    model = hg.build_model(layers=2, hidden=1024, heads=32, kv_heads=8, head_dim=128, sliding_window=128,
+                           vocab=2048, device="cuda")
+    ids, mask = hg.make_prompts([64, 300, 129, 17], 2048, device="cuda")
+    r = hg.compare(model, ids, mask, 4, eager=True)
+    assert r["metrale-bf16"]["max_err"] <= 1.5 * r["eager"]["max_err"] + 1e-3, r
+    for fmt in ("fp8", "nvfp4"):
+        assert r[f"metrale-{fmt}"]["finite"], r
