@@ -78,6 +78,12 @@ if [ "${BENCH:-1}" = 1 ]; then
       tee "$OUT/peers.log"
   fi
 fi
+# A transformers model generating through metrale (issue 19): the Qwen3-shaped
+# model of bench/hf_generate.py against SDPA and eager, every format.
+if [ "${HF:-0}" = 1 ] && python3 -c "import torch, transformers" 2>/dev/null; then
+  PYTHONPATH="${SITE:-/tmp/metrale-site}${PYTHONPATH:+:$PYTHONPATH}" python3 bench/hf_generate.py 2>&1 | tee "$OUT/hf_generate.txt"
+  summary+=("$(printf '%-24s rc %d' "hf_generate.py" ${PIPESTATUS[0]})")
+fi
 # Multi-token queries (issue 17): q_len 1, 2, 4, 8 per sequence at the three
 # verification shapes, every format, the planner's column tiles and one
 # column tile forced (the A/B of reading the pages once per 16 columns),
@@ -124,5 +130,5 @@ printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 # The device tool returns at most 8 files from $OUT (the first 8 by name
 # otherwise: session 6 lost its peers.csv and summary.txt): the tables come
 # back as they are, everything else (logs, JSON, plots) in one archive.
-(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|qlen_table\.md|results\.tgz') &&
+(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|qlen_table\.md|hf_generate\.txt|results\.tgz') &&
   [ -n "$rest" ] && tar czf results.tgz $rest && rm -rf $rest)

@@ -137,10 +137,11 @@ def _check_max_seq_len(block_tables: torch.Tensor, lay: KvCacheLayout, max_seq_l
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, layout: List[int], scales: List[float]) -> None:
     """metrale.reshape_and_cache as an operator (negative slots are padding; slots past the
-    capacity are skipped, uncounted here)."""
+    capacity are skipped; neither those nor saturated elements are counted here: use
+    metrale.reshape_and_cache with ``skipped=`` / ``saturated=`` for the counts)."""
     lay = _layout(layout)
     _metrale.reshape_and_cache(_dl(key), _dl(value), _dl(slot_mapping), lay, _dl(k_cache), _dl(v_cache),
-                               _scales(scales), None, _stream(key))
+                               _scales(scales), None, None, _stream(key))
 
 
 @reshape_and_cache.register_fake

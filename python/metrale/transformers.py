@@ -85,20 +85,6 @@ def _layer_windows(config: Any, num_layers: int) -> List[int]:
     return out
 
 
-def _kv_rows(x: torch.Tensor) -> torch.Tensor:
-    """(batch, kv_heads, n, head_dim) head-major K or V -> token rows (batch * n, kv_heads, head_dim).
-
-    TODO(issue 19 point 1): the cache write takes row-strided K/V only, so for n > 1 this copies
-    (transpose + contiguous); once reshape_and_cache takes a head stride, pass
-    ``x.transpose(1, 2).reshape(...)`` as a strided view instead and delete the copy. For n == 1
-    (decode) the view is already row-strided and nothing is copied.
-    """
-    b, h, n, d = x.shape
-    if n == 1:
-        return x.reshape(b, h, d)
-    return x.transpose(1, 2).contiguous().view(b * n, h, d)
-
-
 class _PagedLayer(CacheLayerMixin):
     """One layer's entry in ``Cache.layers`` (lengths, window); the pages live in the PagedCache."""
 
@@ -349,12 +335,13 @@ class PagedCache(Cache):
         return self._step
 
     def _calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
-        """Scales of `layer` from the absmax of the real rows of its first K/V (before writing)."""
+        """Scales of `layer` from the absmax of the real rows (slots (batch, n) >= 0) of its first
+        K/V (batch, kv_heads, n, head_dim), before writing."""
         self._calibrated[layer] = True
         fmt = self.kv.format
         if fmt == KvFormat.bf16:
             return
-        real = (slots >= 0).view(-1, 1, 1)
+        real = (slots >= 0).view(slots.shape[0], 1, slots.shape[1], 1)  # key: (batch, kv_heads, n, head_dim)
         k = float(torch.where(real, key, torch.zeros((), dtype=key.dtype, device=key.device)).abs().amax())
         v = float(torch.where(real, value, torch.zeros((), dtype=value.dtype, device=value.device)).abs().amax())
         if fmt == KvFormat.fp8_e4m3:
@@ -374,15 +361,24 @@ class PagedCache(Cache):
         """Writes this forward's K/V of `layer` and attends: (batch, n, q_heads, head_dim) bf16."""
         batch, hq, n, d = query.shape
         step = self._prepare(batch, n, mask, query.device)
-        kr, vr = _kv_rows(key), _kv_rows(value)
+        slots = step.slots.view(batch, n)
         if not self._calibrated[layer]:
-            self._calibrate(layer, kr, vr, step.slots)
+            self._calibrate(layer, key, value, slots)
         view = self.kv.layer(layer)
         k_cache, v_cache = self.kv.k(layer), self.kv.v(layer)
         if not isinstance(k_cache, torch.Tensor):  # CPU pages are NumPy arrays: share them with torch
             k_cache, v_cache = torch.from_numpy(k_cache), torch.from_numpy(v_cache)
         scales = list(view.scales)
-        torch.ops.metrale.reshape_and_cache(kr, vr, step.slots, k_cache, v_cache, self._spec, scales)
+        # K/V are read where they lie (head-major (batch, kv_heads, n, head_dim) views, strided
+        # writes): no copy. One token per sequence: one write of (batch, kv_heads, head_dim) rows;
+        # a prompt: one write per sequence of its (n, kv_heads, head_dim) view.
+        if n == 1:
+            torch.ops.metrale.reshape_and_cache(key[:, :, 0], value[:, :, 0], step.slots, k_cache, v_cache,
+                                                self._spec, scales)
+        else:
+            for b in range(batch):
+                torch.ops.metrale.reshape_and_cache(key[b].transpose(0, 1), value[b].transpose(0, 1), slots[b],
+                                                    k_cache, v_cache, self._spec, scales)
         self.kv._written[layer] = True
         sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
         table, lens = self._dev["table"], self._dev["lens"]
