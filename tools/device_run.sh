@@ -48,7 +48,7 @@ done
 
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
-    for t in test_gpu_decode test_gpu_cache_write test_gpu_attn; do
+    for t in ${SANITIZE_TESTS:-test_gpu_decode test_gpu_cache_write test_gpu_attn}; do
       METRALE_GPU_TEST_ITERS=8 compute-sanitizer --tool $tool --error-exitcode 99 "$BUILD/tests/$t" \
         --gtest_brief=1 --gtest_filter='-*TensOfThousands*:*PlannerRuns*:*Large*:*ManyTokens*' >"$OUT/$t.$tool.log" 2>&1
       summary+=("$(printf '%-24s %-9s rc %d  %s' "$t" "$tool" $? "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$t.$tool.log" | tail -1)")")
