@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "metrale/error.hpp"
@@ -189,9 +190,11 @@ TEST(Planner, RecordsLoadPathMergeAndGrid) {
 
 // Query runs: a CTA's columns are (row, q head) pairs, 8 per n-tile, two
 // n-tiles at head_dim <= 128 (geometry::runs_col_tiles), one at 256 and
-// for decode; a forced tiling wins where it can run.
+// for decode, and one where two would leave short splits or, for the TMA
+// formats, where the one-tile grid is below half a wave; a forced tiling
+// wins where it can run.
 TEST(Planner, QueryRunsTileTheirColumns) {
-  DecodeProblem p = problem(4, 8, 4, 4096);
+  DecodeProblem p = problem(64, 8, 4, 4096);
   p.max_q_len = 4;  // 16 columns per kv head
   const DecodePlan two = plan_decode(p, gpu_like(1000));
   EXPECT_TRUE(two.kernel().runs);
@@ -199,6 +202,13 @@ TEST(Planner, QueryRunsTileTheirColumns) {
   EXPECT_EQ(two.kernel().col_tiles, 2);
   EXPECT_EQ(two.head_tiles, 1);
   EXPECT_EQ(two.ctas_per_seq, 8);
+  // Batch 1: bf16 (TMA) takes one tile, NVFP4 two at 32768 tokens, one at 4096 (short splits).
+  for (auto [f, len, tiles] : {std::tuple{KvFormat::bf16, 32768, 1}, std::tuple{KvFormat::fp8_e4m3, 32768, 1},
+                               std::tuple{KvFormat::nvfp4, 32768, 2}, std::tuple{KvFormat::nvfp4, 4096, 1}}) {
+    DecodeProblem one = problem(1, 8, 4, len, 0, f);
+    one.max_q_len = 4;
+    EXPECT_EQ(plan_decode(one, gpu_like(1000)).col_tiles, tiles) << to_string(f) << " " << len;
+  }
   p.max_q_len = 16;  // 64 columns: 4 tiles of 16
   EXPECT_EQ(plan_decode(p, gpu_like(1000)).head_tiles, 4);
   p.max_q_len = 2;  // 8 columns: one n-tile does

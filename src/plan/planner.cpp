@@ -121,6 +121,49 @@ DecodePlan plan_decode(const DecodeProblem& p, const DecodeTarget& target, const
   return detail::decide_decode_plan(p, target, options);
 }
 
+namespace {
+// Positions a sequence attends at most (the window's, or max_seq_len).
+int64_t attended_len(const DecodeProblem& p) {
+  return p.sliding_window > 0 ? std::min<int64_t>(p.max_seq_len, int64_t(p.sliding_window) + p.layout.block_size)
+                              : p.max_seq_len;
+}
+
+// The planner's split count for a grid of base_ctas CTAs per split: fill one
+// resident wave, but never splits shorter than kMinTokensPerSplit.
+int32_t fill_splits(int64_t base_ctas, int64_t attended, int64_t wave) {
+  if (base_ctas <= 0 || base_ctas >= wave) return 1;
+  const int64_t by_fill = wave / base_ctas;  // stay within one resident wave
+  const int64_t by_length = std::max<int64_t>(1, attended / kMinTokensPerSplit);
+  return int32_t(std::clamp<int64_t>(std::min(by_fill, by_length), 1, kMaxSplits));
+}
+
+// The runs kernel's column tiles where the caller leaves them to the planner:
+// geometry::runs_col_tiles (two n-tiles where a kv head has more than 8
+// columns), but one where two would leave splits of fewer than 512 tokens
+// (2-4 steps per warp: the CTA's fixed costs, doubled columns, dominate), and
+// for the formats on the TMA path when the one-tile grid fills less than half
+// a wave and needs at most two tiles per kv head (the two one-tile CTAs of a
+// kv head, adjacent, the second reading the pages mostly from L2, with fewer,
+// longer splits). Measured: bench/RESULTS.md, session 9 (one tile 5-30%
+// faster at q_len 4 and 8 at 1 x 4096, and at q_len 4 for bf16/fp8 at
+// 1 x 32768 and 4 x 8192; two tiles faster everywhere else, NVFP4 most).
+int32_t runs_col_tiles_for(const DecodeProblem& p, const DecodeTarget& target, int32_t kv_units, int64_t columns,
+                           int64_t wave) {
+  if (!p.runs_kernel()) return 1;
+  const int32_t tiles = runs_col_tiles(p.layout.head_dim, columns);
+  if (tiles == 1) return 1;
+  auto ctas_per_split = [&](int32_t t) {
+    const int64_t tile_cols = int64_t(kDecodeQHeadsPerCta) * t;
+    return int64_t(p.num_seqs) * kv_units * ((columns + tile_cols - 1) / tile_cols);
+  };
+  const int64_t attended = attended_len(p);
+  if (attended / fill_splits(ctas_per_split(tiles), attended, wave) < 4 * kMinTokensPerSplit) return 1;
+  const bool tma_format = target.tma && kv_format_desc(p.layout.format).group_size == 0;
+  if (tma_format && columns <= 2 * kDecodeQHeadsPerCta && 2 * ctas_per_split(1) < wave) return 1;
+  return tiles;
+}
+}  // namespace
+
 DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget& target,
                                       const DecodePlanOptions& opt) {
   METRALE_CHECK_ARG(target.num_sms > 0, "num_sms", target.num_sms, "> 0");
@@ -156,7 +199,8 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
                     "0 (the planner's) or 1.." + std::to_string(kMaxRunsColTiles));
   if (opt.col_tiles > 1 && (!runs || D > 128))
     detail::throw_unsupported("col_tiles", opt.col_tiles, "1 except for query runs (or attention options) at head_dim <= 128");
-  plan.col_tiles = opt.col_tiles > 0 ? opt.col_tiles : (runs ? runs_col_tiles(D, columns) : 1);
+  const int64_t wave = int64_t(target.num_sms) * kDecodeCtasPerSm;
+  plan.col_tiles = opt.col_tiles > 0 ? opt.col_tiles : runs_col_tiles_for(p, target, plan.kv_units, columns, wave);
   const int64_t tile_cols = int64_t(kDecodeQHeadsPerCta) * plan.col_tiles;
   plan.head_tiles = int32_t((columns + tile_cols - 1) / tile_cols);
   plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
@@ -166,15 +210,7 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   if (opt.num_splits > 0) {
     plan.num_splits = opt.num_splits;
   } else {
-    const int64_t attended = p.sliding_window > 0
-                                 ? std::min<int64_t>(p.max_seq_len, int64_t(p.sliding_window) + p.layout.block_size)
-                                 : p.max_seq_len;
-    const int64_t wave = int64_t(target.num_sms) * kDecodeCtasPerSm;
-    if (base_ctas > 0 && base_ctas < wave) {
-      const int64_t by_fill = wave / base_ctas;  // stay within one resident wave
-      const int64_t by_length = std::max<int64_t>(1, attended / kMinTokensPerSplit);
-      plan.num_splits = int32_t(std::clamp<int64_t>(std::min(by_fill, by_length), 1, kMaxSplits));
-    }
+    plan.num_splits = fill_splits(base_ctas, attended_len(p), wave);
   }
 
   // Load path: TMA for the formats without a scale section wherever the
