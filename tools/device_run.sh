@@ -9,7 +9,8 @@
 #   BENCH_ARGS="--mode oracle" tools/device_run.sh
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh   # use carried binaries
 #   PYTEST=0 / BENCH=0 / PEERS=0 skip parts; CP_BENCH=1 runs the multi-GPU benchmark
-#   PEERS_ARGS="--peers sdpa" passes options to bench/peers.py
+#   PEERS_ARGS="--peers sdpa" passes options to bench/peers.py; PYTEST_ARGS to pytest
+#   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS)
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
 # in .deps/ (see README "Running on the H200").
@@ -61,7 +62,7 @@ if [ "${PYTEST:-1}" = 1 ] && python3 -c "import torch, nanobind" 2>/dev/null; th
   # The extension compiles the library itself with this machine's compiler:
   # linking a libmetrale.a built by another GCC crashed in libstdc++ code
   # (ostream inlines of two GCC versions in one module).
-  bash python/run_gpu_tests.sh >"$OUT/pytest.log" 2>&1
+  bash python/run_gpu_tests.sh ${PYTEST_ARGS:-} >"$OUT/pytest.log" 2>&1
   summary+=("$(printf '%-24s rc %d  %s' "python (pytest)" $? "$(tail -1 "$OUT/pytest.log")")")
 fi
 
