@@ -1,8 +1,9 @@
 // Query runs in the decode kernel (SYSTEM.md 8): the columns of a CTA are
 // (query row, q head) pairs of its kv head's group instead of q heads alone,
-// so that one pass over the kv head's pages serves up to 8 of them: the
-// run's rows j and the group's heads h in order, column fc = tile * 8 + col,
-// j = fc / group, h = fc % group (at GQA 4: two rows per tile, at GQA 8 one).
+// so that one pass over the kv head's pages serves 8 * col_tiles of them
+// (DecodeConfig's NT n-tiles): the run's rows j and the group's heads h in
+// order, column fc = tile * 8 * NT + col, j = fc / group, h = fc % group (at
+// GQA 4 and two n-tiles: four rows per tile).
 // Each column masks its own causal range; V is masked to the union of the
 // tile's ranges, so a NaN V inside that union reaches every column of the
 // tile (0 * NaN), not only those attending it (docs/numerics.md).
