@@ -143,6 +143,10 @@ class Planner:
                lse: Optional[ArrayLike] = None, stream: Any = None):
         """Query runs with this plan (``run_attn``); arguments as :func:`attend`. Plan with
         ``max_q_len`` >= every run (and ``attn_options=True`` for sinks, soft-cap or lse). Returns out."""
+        if not self.plan.runs_kernel:
+            raise ValueError("'q_start': this Planner made a decode plan (max_q_len=1, attn_options=False); "
+                             "make it with max_q_len >= the longest run (or attn_options=True) to attend "
+                             "query runs, or call run() for one row per sequence")
         view = _as_view(cache)
         if workspace is None:
             workspace = self.workspace

@@ -547,6 +547,14 @@ def test_attend_rows_are_decodes_of_their_prefixes(rng, fmt):
     np.testing.assert_allclose(metrale.from_bf16(split), metrale.from_bf16(out), rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="q_start"):
         metrale.attend(q, b.cache.layer(0), np.array([0, 5, 3, 8], dtype=np.int32), b.block_tables, b.seq_lens)
+    # Runs of at most one row go through the runs kernel too (q_start given); a decode Planner says so.
+    ones = np.array([0, 1, 1, 2], dtype=np.int32)
+    single = metrale.attend(q[:2], b.cache.layer(0), ones, b.block_tables, b.seq_lens, sliding_window=20)
+    dec = metrale.decode(q[[0, 0, 1]], b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=20)
+    assert np.array_equal(single[0], dec[0]) and np.array_equal(single[1], dec[2])
+    with pytest.raises(ValueError, match="max_q_len"):
+        metrale.Planner(3, 8, b.cache.layout, 90, device="cpu").attend(q[:2], b.cache.layer(0), ones,
+                                                                      b.block_tables, b.seq_lens)
     with pytest.raises(ValueError, match="softcap"):
         metrale.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, softcap=-1.0)
 
