@@ -5,8 +5,9 @@ graph captures it (the ops enqueue on the current stream and never synchronise).
 
 Operators (importing this module registers them; needs torch >= 2.4):
 
-* ``metrale::reshape_and_cache(key, value, slot_mapping, k_cache, v_cache, layout, scales)``
-  mutates ``k_cache`` / ``v_cache`` (returns nothing);
+* ``metrale::reshape_and_cache(key, value, slot_mapping, k_cache, v_cache, layout, scales,
+  saturated=None)`` mutates ``k_cache`` / ``v_cache`` and, when given, adds the saturated K
+  and V elements to ``saturated`` (int64 ``[2]`` on the cache's device; returns nothing);
 * ``metrale::decode(q, k_cache, v_cache, block_tables, seq_lens, layout, scales, sm_scale,
   sliding_window, max_seq_len) -> out`` ``(num_seqs, num_q_heads, head_dim)`` bf16;
 * ``metrale::attend(q, k_cache, v_cache, q_start, block_tables, seq_lens, sinks, layout,
@@ -133,19 +134,21 @@ def _check_max_seq_len(block_tables: torch.Tensor, lay: KvCacheLayout, max_seq_l
     return int(block_tables.shape[-1]) * int(lay.block_size) if block_tables.dim() == 2 else 0
 
 
-@torch.library.custom_op("metrale::reshape_and_cache", mutates_args=("k_cache", "v_cache"))
+@torch.library.custom_op("metrale::reshape_and_cache", mutates_args=("k_cache", "v_cache", "saturated"))
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, layout: List[int], scales: List[float]) -> None:
+                      v_cache: torch.Tensor, layout: List[int], scales: List[float],
+                      saturated: Optional[torch.Tensor] = None) -> None:
     """metrale.reshape_and_cache as an operator (negative slots are padding; slots past the
-    capacity are skipped; neither those nor saturated elements are counted here: use
-    metrale.reshape_and_cache with ``skipped=`` / ``saturated=`` for the counts)."""
+    capacity are skipped, uncounted here): key / value read where they lie (token and head
+    strides); ``saturated``: the write's clipped K and V elements are added to its two
+    int64 counters (no synchronisation)."""
     lay = _layout(layout)
     _metrale.reshape_and_cache(_dl(key), _dl(value), _dl(slot_mapping), lay, _dl(k_cache), _dl(v_cache),
-                               _scales(scales), None, None, _stream(key))
+                               _scales(scales), None, None if saturated is None else _dl(saturated), _stream(key))
 
 
 @reshape_and_cache.register_fake
-def _(key, value, slot_mapping, k_cache, v_cache, layout, scales) -> None:
+def _(key, value, slot_mapping, k_cache, v_cache, layout, scales, saturated=None) -> None:
     return None
 
 

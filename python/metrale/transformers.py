@@ -242,6 +242,15 @@ class PagedCache(Cache):
         return self._batch or -1
 
     # ---- the step's metadata
+    def saturated(self, layer: Optional[int] = None) -> Tuple[int, int]:
+        """(K, V) elements written into `layer` (all layers when None) that lay past the range
+        calibrated from the prompt and were clipped to the format's largest value (FP8, NVFP4;
+        BF16 never clips). Reads the counters back (synchronises on CUDA): poll it between
+        requests, not per step; docs/numerics.md says what to do when it grows."""
+        if self.kv is None:
+            return (0, 0)
+        return self.kv.saturated(layer)
+
     def _take_block(self) -> int:
         if not self._free:
             raise RuntimeError(f"metrale PagedCache: out of blocks (num_blocks = {self.num_blocks}); pass a larger "
@@ -372,13 +381,19 @@ class PagedCache(Cache):
         # K/V are read where they lie (head-major (batch, kv_heads, n, head_dim) views, strided
         # writes): no copy. One token per sequence: one write of (batch, kv_heads, head_dim) rows;
         # a prompt: one write per sequence of its (n, kv_heads, head_dim) view.
+        # Clipped elements (values past the prompt's calibrated range) are counted per layer:
+        # saturated().
+        counters = self.kv.saturation_counters
+        if not isinstance(counters, torch.Tensor):
+            counters = torch.from_numpy(counters)
+        sat = counters[layer]
         if n == 1:
             torch.ops.metrale.reshape_and_cache(key[:, :, 0], value[:, :, 0], step.slots, k_cache, v_cache,
-                                                self._spec, scales)
+                                                self._spec, scales, sat)
         else:
             for b in range(batch):
                 torch.ops.metrale.reshape_and_cache(key[b].transpose(0, 1), value[b].transpose(0, 1), slots[b],
-                                                    k_cache, v_cache, self._spec, scales)
+                                                    k_cache, v_cache, self._spec, scales, sat)
         self.kv._written[layer] = True
         sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
         table, lens = self._dev["table"], self._dev["lens"]

@@ -140,6 +140,29 @@ def test_opcheck(rng, fmt):
                            1, 0))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_write_op_counts_saturated_elements(rng, fmt):
+    """The op's optional counters: scales calibrated for half the data's range clip the rest,
+    counted by the rule of the Python API (FP8 |x| / scale > 464, NVFP4 |x| / (6 g) > 464)."""
+    p = Problem(rng, fmt)
+    p.scales = [s / 2 for s in p.scales[:2]] + [s / 2 for s in p.scales[2:]] if fmt != "bf16" else p.scales
+    sat = torch.zeros(2, dtype=torch.int64)
+    torch.ops.metrale.reshape_and_cache(p.key, p.value, p.slots, p.k_cache, p.v_cache, p.spec, p.scales, sat)
+    unit = {"bf16": None, "fp8": (p.scales[0], p.scales[1]), "nvfp4": (6 * p.scales[2], 6 * p.scales[3])}[fmt]
+    if unit is None:
+        assert sat.tolist() == [0, 0]
+    else:
+        expect = [int((p.key.float().abs() / unit[0] > 464).sum()), int((p.value.float().abs() / unit[1] > 464).sum())]
+        assert sat.tolist() == expect and expect[0] > 0
+    # The same through the Python API's counters.
+    view = p.view()
+    again = np.zeros(2, dtype=np.int64)
+    metrale.reshape_and_cache(p.key, p.value, p.slots, view, saturated=torch.from_numpy(again))
+    assert again.tolist() == sat.tolist()
+    torch.library.opcheck(torch.ops.metrale.reshape_and_cache.default,
+                          (p.key, p.value, p.slots, p.k_cache, p.v_cache, p.spec, p.scales, sat))
+
+
 def _decode_step(spec, scales, sm):
     def step(q, key, value, slots, k_cache, v_cache, table, lens):
         torch.ops.metrale.reshape_and_cache(key, value, slots, k_cache, v_cache, spec, scales)

@@ -83,6 +83,15 @@ def test_cache_pages_hold_only_real_tokens(model, prompts):
     assert cache.windows == [0, 24]
     s = cache.kv.scales(0)                                 # calibrated from the prompt
     assert s["k_scale"] != 1.0 and s["v_scale"] != 1.0
+    assert cache.saturated() == (0, 0)                     # the prompt lies within its own range
+    # A decode step's K past layer 0's range (its scale shrunk 1000x) is clipped and counted.
+    cache.kv.set_scales(0, k_scale=s["k_scale"] / 1000, v_scale=s["v_scale"], force=True)
+    step_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+    with torch.no_grad():
+        model(input_ids=ids[:, -1:], attention_mask=step_mask, position_ids=(step_mask.cumsum(-1) - 1)[:, -1:],
+              use_cache=True, **{hg.cache_kwarg(): cache})
+    k_clipped, v_clipped = cache.saturated(0)
+    assert k_clipped > 0 and v_clipped == 0
     cache.reset()
     assert cache.get_seq_length() == 0 and len(cache._free) == 40
 
