@@ -10,7 +10,8 @@
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh   # use carried binaries
 #   PYTEST=0 / BENCH=0 / PEERS=0 skip parts; CP_BENCH=1 runs the multi-GPU benchmark
 #   PEERS_ARGS="--peers sdpa" passes options to bench/peers.py; PYTEST_ARGS to pytest
-#   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS)
+#   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS,
+#   QLEN_T1=0 leaves out the one-column-tile rows)
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
 # in .deps/ (see README "Running on the H200").
@@ -93,7 +94,7 @@ if [ "${QLEN_BENCH:-0}" = 1 ]; then
   QS=${QLEN_SHAPES:-1x32768,16x8192,64x4096}
   for n in 1 2 4 8; do
     "$BUILD/bench/metrale_bench" --shapes "$QS" --q-len $n --csv "$OUT/qlen_$n.csv" 2>&1 | tee -a "$OUT/qlen.log"
-    [ $n -gt 2 ] && "$BUILD/bench/metrale_bench" --shapes "$QS" --q-len $n --col-tiles 1 --csv "$OUT/qlen_${n}_t1.csv" 2>&1 |
+    [ $n -gt 2 ] && [ "${QLEN_T1:-1}" = 1 ] && "$BUILD/bench/metrale_bench" --shapes "$QS" --q-len $n --col-tiles 1 --csv "$OUT/qlen_${n}_t1.csv" 2>&1 |
       tee -a "$OUT/qlen.log"
     if [ "${PEERS:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
       PYTHONUNBUFFERED=1 python3 bench/peers.py --shapes "$QS" --q-len $n --peers "${QLEN_PEERS:-all}" \
