@@ -291,6 +291,10 @@ class PagedCache(Cache):
             # Decode: every sequence gains one real token. Blocks are handed out on the host (it
             # knows every length); the device table is patched with scalar fills and the slots
             # computed on the device, so nothing here waits for the device.
+            longest = int(self._lens.max())
+            if longest + 1 > self.max_cache_len:
+                raise RuntimeError(f"metrale PagedCache: sequence {int(self._lens.argmax())} reaches {longest + 1} "
+                                   f"tokens; expected at most max_cache_len = {self.max_cache_len}")
             grow = np.nonzero(self._lens % self.block_size == 0)[0]
             for b in grow:
                 j = int(self._lens[b]) // self.block_size
@@ -320,7 +324,8 @@ class PagedCache(Cache):
                                  "metrale's cache takes left padding only")
             if r < n and self._lens[b] > 0:
                 raise ValueError(f"'attention_mask': row {b} pads new tokens after {int(self._lens[b])} cached "
-                                 "ones; only a prompt may be padded")
+                                 "ones; only a prompt may be padded (a new batch of prompts on this cache needs "
+                                 "cache.reset() first)")
         slots = np.full((batch, n), -1, dtype=np.int64)
         for b in range(batch):
             r = int(counts[b])

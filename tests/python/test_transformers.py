@@ -123,6 +123,12 @@ def test_errors_name_the_problem(model, prompts):
         cache = mt.PagedCache(model.config, "bf16", max_batch_size=4, max_cache_len=20)
         with pytest.raises(RuntimeError, match="max_cache_len"):
             model(input_ids=ids, attention_mask=mask, use_cache=True, **{hg.cache_kwarg(): cache})
+        # Decode steps past max_cache_len (the prompt fits, with one token to spare) raise too,
+        # also inside the last page (max_cache_len is not a multiple of the page).
+        cache = mt.PagedCache(model.config, "bf16", max_batch_size=4, max_cache_len=max(PROMPTS) + 1)
+        with pytest.raises(RuntimeError, match="max_cache_len"):
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                           **{hg.cache_kwarg(): cache})
     with pytest.raises(ValueError, match="max_cache_len"):
         mt.PagedCache(model.config, "bf16", max_batch_size=4, max_cache_len=0)
     bad = type(model.config)(**{**model.config.to_dict(), "layer_types": ["full_attention", "chunked_attention"]})
