@@ -207,6 +207,14 @@ class PagedCache(Cache):
         self.kv = PagedKVCache(self.format, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
                                num_layers=len(self.windows), device=str(self._device))
         self._spec = torch_ops.layout_spec(self.kv.layout)
+        # Per layer, as torch tensors sharing the cache's memory (CPU pages and counters are NumPy
+        # arrays): (K pages, V pages, saturation counters), made once for every later call.
+        def as_torch(x):
+            return x if isinstance(x, torch.Tensor) else torch.from_numpy(x)
+
+        counters = as_torch(self.kv.saturation_counters)
+        self._pages = [(as_torch(self.kv.k(i)), as_torch(self.kv.v(i)), counters[i])
+                       for i in range(len(self.windows))]
 
     # ---- transformers' Cache interface
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -379,19 +387,12 @@ class PagedCache(Cache):
         if not self._calibrated[layer]:
             self._calibrate(layer, key, value, slots)
         view = self.kv.layer(layer)
-        k_cache, v_cache = self.kv.k(layer), self.kv.v(layer)
-        if not isinstance(k_cache, torch.Tensor):  # CPU pages are NumPy arrays: share them with torch
-            k_cache, v_cache = torch.from_numpy(k_cache), torch.from_numpy(v_cache)
+        k_cache, v_cache, sat = self._pages[layer]
         scales = list(view.scales)
         # K/V are read where they lie (head-major (batch, kv_heads, n, head_dim) views, strided
         # writes): no copy. One token per sequence: one write of (batch, kv_heads, head_dim) rows;
-        # a prompt: one write per sequence of its (n, kv_heads, head_dim) view.
-        # Clipped elements (values past the prompt's calibrated range) are counted per layer:
-        # saturated().
-        counters = self.kv.saturation_counters
-        if not isinstance(counters, torch.Tensor):
-            counters = torch.from_numpy(counters)
-        sat = counters[layer]
+        # a prompt: one write per sequence of its (n, kv_heads, head_dim) view. Clipped elements
+        # (values past the prompt's calibrated range) are counted per layer in `sat`: saturated().
         if n == 1:
             torch.ops.metrale.reshape_and_cache(key[:, :, 0], value[:, :, 0], step.slots, k_cache, v_cache,
                                                 self._spec, scales, sat)
