@@ -118,6 +118,14 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
           expect_runs_match(rp, dr.out_host(), what + " registers");
           o.load_path = DecodeLoadPath::automatic;
         }
+        // The prefill kernel (tensor-core tiles of 128 packed rows) on the same runs.
+        if (ns == 1) {
+          DecodePlanOptions po;
+          po.prefill = DecodePrefill::on;
+          EXPECT_TRUE(dr.run(po, with_lse));
+          const std::vector<float> lse_p = dr.lse_host();
+          expect_runs_match(rp, dr.out_host(), "prefill kernel", with_lse ? &lse_p : nullptr);
+        }
         // The other column tiling where the planner took two n-tiles per CTA.
         if (ns == 3 && dr.plan.col_tiles == 2) {
           o.col_tiles = 1;
@@ -180,9 +188,67 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
           if (D > 128) break;  // one column tile only
         }
       }
+      {
+        DecodePlanOptions o;
+        o.prefill = DecodePrefill::on;
+        EXPECT_TRUE(dr.run(o, true));
+        const std::vector<float> lse = dr.lse_host();
+        const std::vector<bf16> out = dr.out_host();
+        expect_runs_match(rp, out, "prefill kernel", &lse);
+        const int32_t H = c.num_q_heads(), row1 = rp.q_start[1];
+        EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[size_t(rp.q_start[0]) * H * D]))) << "prefill";
+        EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + c.group) * D]))) << "prefill";
+        EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 9) * H + c.group) * D]))) << "prefill";
+        EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + 0) * D]))) << "prefill";
+      }
       EXPECT_TRUE(dr.k.guards_intact() && dr.out.guards_intact());
       if (HasFailure()) return;
     }
+  }
+}
+
+// Long query runs (prompts, chunks over a cached prefix, ragged batches with
+// runs of one row among them) through the prefill kernel, forced and as the
+// planner picks it, over formats x head dims x GQA x pages x windows x
+// sinks x soft-cap, against the float64 reference.
+TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const char* iters_env = std::getenv("METRALE_GPU_TEST_ITERS");
+  const int iters = iters_env ? std::max(3, std::atoi(iters_env) / 2) : 18;
+  constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
+  for (int iter = 0; iter < iters; ++iter) {
+    DecodeCase c;
+    c.format = kFormats[iter % 3];
+    c.head_dim = int32_t(pick(rng, 64, 128, 256));
+    c.num_kv_heads = int32_t(pick(rng, 1, 2));
+    c.group = int32_t(pick(rng, 1, 3, 4, 8));
+    c.block_size = int32_t(pick(rng, 16, 32, 64, 128));
+    c.sliding_window = int32_t(pick(rng, 0, 0, 0, 77, 600));
+    // Prompts (run = length), chunks over prefixes, a one-row run, an empty one.
+    const int32_t n0 = int32_t(17 + rng() % 700), n1 = int32_t(17 + rng() % 400), p1 = int32_t(rng() % 1800);
+    const int32_t n2 = int32_t(100 + rng() % 300);
+    c.seq_lens = {n0, n1 + p1, int32_t(1 + rng() % 900), n2, int32_t(rng() % 50)};
+    const std::vector<int32_t> runs = {n0, n1, 1, n2 - int32_t(rng() % 3) * 37, 0};
+    RunsProblem rp(c, runs, rng());
+    if (rng() % 2)
+      for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(h % 3 ? float(rng() % 5) - 2.0f : kNoSink);
+    rp.softcap = float(pick(rng, 0, 0, 7, 30));
+    SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
+                 (rp.sinks.empty() ? "" : " sinks"));
+    DeviceRuns dr(rp);
+    for (DecodePrefill pf : {DecodePrefill::on, DecodePrefill::automatic}) {
+      DecodePlanOptions o;
+      o.prefill = pf;
+      const bool with_lse = rng() % 2;
+      EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
+      const std::vector<float> lse = dr.lse_host();
+      expect_runs_match(rp, dr.out_host(), dr.plan.prefill ? "prefill kernel" : "runs kernel",
+                        with_lse ? &lse : nullptr);
+    }
+    if (HasFailure()) break;
   }
 }
 

@@ -232,6 +232,45 @@ TEST(Planner, QueryRunsTileTheirColumns) {
   EXPECT_EQ(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000)).col_tiles, 1);
 }
 
+// Long runs take the prefill kernel where its grid (a CTA per 128 packed rows
+// of a kv head) fills half the SMs; short ones, and few CTAs over a long
+// context, the runs kernel with its splits.
+TEST(Planner, LongRunsTakeThePrefillKernel) {
+  DecodeProblem p = problem(1, 8, 4, 8192);
+  p.max_q_len = 8192;  // a prompt: 256 tiles of 128 rows per kv head
+  const DecodePlan pre = plan_decode(p, gpu_like(1000));
+  EXPECT_TRUE(pre.prefill);
+  EXPECT_TRUE(pre.kernel().prefill);
+  EXPECT_EQ(pre.head_tiles, 256);
+  EXPECT_EQ(pre.num_splits, 1);
+  EXPECT_EQ(pre.merge, DecodeMerge::single_pass);
+  EXPECT_EQ(pre.workspace_bytes, 0u);
+  p.max_q_len = 16;  // verification: 64 rows per kv head
+  EXPECT_FALSE(plan_decode(p, gpu_like(1000)).prefill);
+  DecodeProblem chunk = problem(1, 8, 4, 32768);
+  chunk.max_q_len = 64;  // 2 tiles x 8 kv heads: 16 CTAs over 32768 positions
+  EXPECT_FALSE(plan_decode(chunk, gpu_like(1000)).prefill);
+  chunk.max_q_len = 2048;
+  EXPECT_TRUE(plan_decode(chunk, gpu_like(1000)).prefill);
+  // Forced: on needs query runs and a single pass; off keeps the runs kernel.
+  DecodePlanOptions o;
+  o.prefill = DecodePrefill::on;
+  chunk.max_q_len = 64;
+  EXPECT_TRUE(plan_decode(chunk, gpu_like(1000), o).prefill);
+  EXPECT_THROW(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000), o), Unsupported);  // decode
+  o.num_splits = 4;
+  EXPECT_THROW(plan_decode(chunk, gpu_like(1000), o), Unsupported);
+  o = {};
+  o.prefill = DecodePrefill::off;
+  p.max_q_len = 8192;
+  EXPECT_FALSE(plan_decode(p, gpu_like(1000), o).prefill);
+  o = {};
+  o.num_splits = 3;  // a forced split count keeps the runs kernel
+  EXPECT_FALSE(plan_decode(p, gpu_like(1000), o).prefill);
+  EXPECT_EQ(decode_prefill_from_string("on"), DecodePrefill::on);
+  EXPECT_THROW(decode_prefill_from_string("yes"), InvalidArgument);
+}
+
 TEST(Planner, MoreSmsNeverMeanFewerSplits) {
   const DecodeProblem p = problem(2, 4, 8, 65536);
   int32_t prev = 1;

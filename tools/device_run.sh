@@ -8,10 +8,12 @@
 #   SANITIZE=1 tools/device_run.sh       # + memcheck and racecheck
 #   BENCH_ARGS="--mode oracle" tools/device_run.sh
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh   # use carried binaries
+#   TEST_TIMEOUT (s per test binary, 300), TEST_FILTER (a gtest filter);
 #   PYTEST=0 / BENCH=0 / PEERS=0 skip parts; CP_BENCH=1 runs the multi-GPU benchmark
 #   PEERS_ARGS="--peers sdpa" passes options to bench/peers.py; PYTEST_ARGS to pytest
 #   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS,
-#   QLEN_T1=0 leaves out the one-column-tile rows)
+#   QLEN_T1=0 leaves out the one-column-tile rows); PREFILL_BENCH=1 the prefill table (issue 18:
+#   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS=0 skips the peers)
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
 # in .deps/ (see README "Running on the H200").
@@ -41,7 +43,7 @@ count() { grep -E "^\[  $1  \] [0-9]+ test" "$2" | head -1 | awk '{print $4}'; }
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] && [ -f "$t" ] || continue
   name=$(basename "$t")
-  "$t" --gtest_brief=1 >"$OUT/$name.log" 2>&1
+  timeout "${TEST_TIMEOUT:-300}" "$t" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} >"$OUT/$name.log" 2>&1
   rc=$?
   summary+=("$(printf '%-24s passed %4s  failed %3s  skipped %3s  rc %d' "$name" "$(count PASSED "$OUT/$name.log")" \
     "$(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/$name.log")" "$(count SKIPPED "$OUT/$name.log")" $rc)")
@@ -104,6 +106,18 @@ if [ "${QLEN_BENCH:-0}" = 1 ]; then
   python3 tools/q_len_table.py "$OUT" | tee "$OUT/qlen_table.md"
   summary+=("$(printf '%-24s rc %d' "q_len table" $?)")
 fi
+# Prefill (issue 18): prompts, a chunk over a cached prefix, a ragged batch,
+# every format through the planner's kernel, and the peers on the same shapes.
+if [ "${PREFILL_BENCH:-0}" = 1 ]; then
+  for d in ${PREFILL_DIMS:-128}; do
+    "$BUILD/bench/prefill_bench" --head-dim $d ${PREFILL_ARGS:-} --json "$OUT/prefill_d$d.json" 2>&1 | tee -a "$OUT/prefill.log"
+    summary+=("$(printf '%-24s rc %d' "prefill_bench d$d" ${PIPESTATUS[0]})")
+    if [ "${PREFILL_PEERS:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
+      PYTHONUNBUFFERED=1 python3 bench/prefill_peers.py --head-dim $d --csv "$OUT/prefill_peers_d$d.csv" 2>&1 |
+        tee -a "$OUT/prefill.log"
+    fi
+  done
+fi
 # Context-parallel scaling where the machine has several GPUs.
 if [ "${CP_BENCH:-0}" = 1 ] && [ -x "$BUILD/bench/cp_bench" ]; then
   NCCL_DEBUG=WARN "$BUILD/bench/cp_bench" --gpus "$(nvidia-smi -L | wc -l)" 2>&1 | tee "$OUT/cp_bench.log" ||
@@ -132,5 +146,5 @@ printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 # The device tool returns at most 8 files from $OUT (the first 8 by name
 # otherwise: session 6 lost its peers.csv and summary.txt): the tables come
 # back as they are, everything else (logs, JSON, plots) in one archive.
-(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|qlen_table\.md|hf_generate\.txt|results\.tgz') &&
+(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|qlen_table\.md|prefill\.log|hf_generate\.txt|results\.tgz') &&
   [ -n "$rest" ] && tar czf results.tgz $rest && rm -rf $rest)

@@ -14,7 +14,7 @@ mkdir -p .deps/include .deps/build/tests .deps/build/bench .whl
 rm -rf .deps/googletest && cp -r /usr/src/googletest .deps/googletest
 cp -r /usr/include/CLI /usr/include/nlohmann .deps/include/
 for t in build/tests/test_*; do [ -f "$t" ] && [ -x "$t" ] && cp "$t" .deps/build/tests/; done
-cp build/bench/metrale_bench .deps/build/bench/
+cp build/bench/metrale_bench build/bench/prefill_bench .deps/build/bench/
 [ -x build/bench/cp_bench ] && cp build/bench/cp_bench .deps/build/bench/
 cp build/metrale .deps/build/
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

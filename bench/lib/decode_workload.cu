@@ -60,7 +60,8 @@ DecodeWorkload::DecodeWorkload(const DecodeShape& s, size_t min_rotation_bytes, 
   std::mt19937_64 rng(seed);
   host_lens_.resize(s.num_seqs);
   for (int32_t i = 0; i < s.num_seqs; ++i)
-    host_lens_[i] = s.mixed_lengths ? 1 + int32_t(rng() % uint64_t(s.seq_len)) : s.seq_len;
+    host_lens_[i] = !s.lengths.empty() ? s.lengths.at(size_t(i))
+                    : s.mixed_lengths ? 1 + int32_t(rng() % uint64_t(s.seq_len)) : s.seq_len;
   max_blocks_per_seq_ = (s.seq_len + s.block_size - 1) / s.block_size;
   int64_t pages = 0;
   for (int32_t len : host_lens_) pages += (len + s.block_size - 1) / s.block_size;

@@ -25,6 +25,7 @@ struct DecodeShape {
   int32_t num_seqs = 1;
   int32_t seq_len = 1024;        // every sequence has this length unless `mixed_lengths`
   bool mixed_lengths = false;    // lengths uniform in [1, seq_len] (deterministic)
+  std::vector<int32_t> lengths;  // else, if given: num_seqs explicit lengths, each <= seq_len
   int32_t num_q_heads = 32;
   int32_t num_kv_heads = 8;
   int32_t head_dim = 128;

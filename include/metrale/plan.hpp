@@ -59,15 +59,21 @@ enum class DecodeLoadPath : uint8_t { automatic, registers, tma };
 enum class DecodeMerge : uint8_t { automatic, single_pass, cluster, workspace };
 // Whether a CTA serves two adjacent kv heads of head_dim 64 as one of 128.
 enum class DecodePairing : uint8_t { automatic, off, on };
+// Whether query runs take the prefill kernel (tensor-core tiles of 128
+// packed (query row, q head) rows per CTA, single pass; kernels/prefill)
+// instead of the runs kernel (8-16 columns per CTA, split-K).
+enum class DecodePrefill : uint8_t { automatic, off, on };
 
 const char* to_string(DecodeLoadPath p);
 const char* to_string(DecodeMerge m);
 const char* to_string(DecodePairing p);
+const char* to_string(DecodePrefill p);
 // The inverses of to_string (benchmark flags, Python); InvalidArgument naming
 // `arg` and listing the names.
 DecodeLoadPath decode_load_path_from_string(const std::string& name, const char* arg = "load_path");
 DecodeMerge decode_merge_from_string(const std::string& name, const char* arg = "merge");
 DecodePairing decode_pairing_from_string(const std::string& name, const char* arg = "pairing");
+DecodePrefill decode_prefill_from_string(const std::string& name, const char* arg = "prefill");
 
 // Decisions a caller (a benchmark, a test, a forced entry point) takes
 // instead of the planner; `automatic` / 0 leave them to it. A forced choice
@@ -78,6 +84,7 @@ struct DecodePlanOptions {
   DecodeLoadPath load_path = DecodeLoadPath::automatic;
   DecodeMerge merge = DecodeMerge::automatic;
   int32_t col_tiles = 0;  // runs kernel: 0 = the planner's; 1 or 2 n-tiles of 8 columns per CTA
+  DecodePrefill prefill = DecodePrefill::automatic;  // on: query runs in the prefill kernel (single pass)
 };
 
 // One decode kernel instantiation: format x the kernel's head_dim (128 for a
@@ -89,6 +96,7 @@ struct DecodeKernelId {
   bool pair_kv_heads = false;
   bool runs = false;  // the query-runs kernel (runs of several rows, sinks, soft-cap, lse)
   int32_t col_tiles = 1;  // runs kernel: n-tiles of 8 (query row, q head) columns per CTA
+  bool prefill = false;   // the prefill kernel (query runs, single pass; format x head_dim)
 };
 
 // What the planner knows of the machine that runs the plan:
@@ -113,7 +121,10 @@ struct DecodePlan {
   int32_t kv_units = 0;      // kv heads (or pairs) per sequence
   int32_t unit_group = 0;    // q heads per kv unit
   int32_t col_tiles = 1;     // n-tiles of 8 columns per CTA (geometry::runs_col_tiles)
-  int32_t head_tiles = 0;    // tiles of 8 * col_tiles columns per kv unit
+  // The prefill kernel: grid (kv_units, num_seqs, head_tiles), a CTA per
+  // (kv head, sequence, tile of kPrefillRowsPerCta packed rows of its run).
+  bool prefill = false;
+  int32_t head_tiles = 0;    // tiles of 8 * col_tiles columns (prefill: of 128 rows) per kv unit
   int64_t ctas_per_seq = 0;  // kv_units * head_tiles
   size_t workspace_bytes = 0;  // f32 split-K workspace the run needs (merge == workspace), else 0
 

@@ -35,6 +35,15 @@ constexpr int32_t runs_col_tiles(int32_t head_dim, int64_t columns) {
   return head_dim <= 128 && columns > kDecodeQHeadsPerCta ? kMaxRunsColTiles : 1;
 }
 
+// The prefill kernel (kernels/prefill): a CTA serves this many packed
+// (query row, q head) rows of one kv head, the rows j of a run and the
+// group's heads h in order (j * group + h), in tiles counted from the run's
+// end. The planner takes it for query runs of at least kPrefillMinRows rows
+// per kv head (fewer: the runs kernel, whose CTAs serve 8-16 columns and
+// split the pages).
+constexpr int32_t kPrefillRowsPerCta = 128;
+constexpr int32_t kPrefillMinRows = 128;
+
 // head_dim 64: a CTA serves two adjacent kv heads as one head of head_dim
 // 128 (their rows are adjacent in a token's row of the cache), their q
 // heads side by side in its 8 columns. Half-width rows put the per-step

@@ -79,6 +79,18 @@ DecodeMerge decode_merge_from_string(const std::string& name, const char* arg) {
   return from_string(name, arg,
                      {DecodeMerge::automatic, DecodeMerge::single_pass, DecodeMerge::cluster, DecodeMerge::workspace});
 }
+const char* to_string(DecodePrefill p) {
+  switch (p) {
+    case DecodePrefill::automatic: return "automatic";
+    case DecodePrefill::off: return "off";
+    case DecodePrefill::on: return "on";
+  }
+  return "?";
+}
+DecodePrefill decode_prefill_from_string(const std::string& name, const char* arg) {
+  return from_string(name, arg, {DecodePrefill::automatic, DecodePrefill::off, DecodePrefill::on});
+}
+
 DecodePairing decode_pairing_from_string(const std::string& name, const char* arg) {
   return from_string(name, arg, {DecodePairing::automatic, DecodePairing::off, DecodePairing::on});
 }
@@ -106,7 +118,7 @@ DecodeProblem decode_problem(const DecodeArgs& a, int32_t max_seq_len) {
 
 DecodeKernelId DecodePlan::kernel() const {
   return DecodeKernelId{problem.layout.format, pair_kv_heads ? 2 * problem.layout.head_dim : problem.layout.head_dim,
-                        load_path, pair_kv_heads, problem.runs_kernel(), col_tiles};
+                        load_path, pair_kv_heads, problem.runs_kernel(), col_tiles, prefill};
 }
 
 DecodePlan plan_decode(const DecodeProblem& p, const DecodeTarget& target, const DecodePlanOptions& options) {
@@ -162,6 +174,25 @@ int32_t runs_col_tiles_for(const DecodeProblem& p, const DecodeTarget& target, i
   if (tma_format && columns <= 2 * kDecodeQHeadsPerCta && 2 * ctas_per_split(1) < wave) return 1;
   return tiles;
 }
+
+// Query runs take the prefill kernel where a kv head has at least
+// kPrefillMinRows packed rows and its grid (one CTA per 128 rows, single
+// pass) fills half the GPU's SMs (one CTA per SM); fewer CTAs over a long
+// context leave the SMs idle that the runs kernel's splits would fill.
+// Forced split counts or column tiles keep the runs kernel.
+// The prefill kernel's K/V loads: TMA boxes for bf16 (the decode kernel's
+// tensor maps), registers for the dequantising formats.
+bool prefill_loads(const DecodeProblem& p, const DecodeTarget& target) {
+  return p.layout.format != KvFormat::bf16 || target.tma;
+}
+bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t kv_units, int64_t columns,
+                   const DecodePlanOptions& opt) {
+  if (!prefill_loads(p, target)) return false;
+  if (!p.runs_kernel() || opt.num_splits > 1 || opt.col_tiles > 0 || columns < kPrefillMinRows) return false;
+  if (opt.merge != DecodeMerge::automatic && opt.merge != DecodeMerge::single_pass) return false;
+  const int64_t ctas = int64_t(p.num_seqs) * kv_units * ((columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta);
+  return 2 * ctas >= target.num_sms;
+}
 }  // namespace
 
 DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget& target,
@@ -200,6 +231,36 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   if (opt.col_tiles > 1 && (!runs || D > 128))
     detail::throw_unsupported("col_tiles", opt.col_tiles, "1 except for query runs (or attention options) at head_dim <= 128");
   const int64_t wave = int64_t(target.num_sms) * kDecodeCtasPerSm;
+
+  // The prefill kernel: tiles of kPrefillRowsPerCta packed rows, single pass.
+  const int64_t prefill_tiles = (columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta;
+  switch (opt.prefill) {
+    case DecodePrefill::automatic:
+      plan.prefill = prefill_takes(p, target, plan.kv_units, columns, opt);
+      break;
+    case DecodePrefill::off: plan.prefill = false; break;
+    case DecodePrefill::on:
+      if (!runs || opt.num_splits > 1 || opt.col_tiles > 0 || plan.pair_kv_heads)
+        detail::throw_unsupported("prefill", "on",
+                                  "query runs (or attention options), single pass, no col_tiles or pairing");
+      if (!prefill_loads(p, target))
+        detail::throw_unsupported("prefill", "on", "a target that encodes TMA tensor maps for a bf16 cache");
+      plan.prefill = true;
+      break;
+  }
+  if (plan.prefill) {
+    METRALE_CHECK_ARG(prefill_tiles <= 65535, "max_q_len", p.max_q_len,
+                      "max_q_len * q heads per kv head <= 65535 * 128 (the prefill grid's z)");
+    METRALE_CHECK_ARG(p.num_seqs <= 65535, "num_seqs", p.num_seqs, "<= 65535 for the prefill kernel (its grid's y)");
+    plan.head_tiles = int32_t(prefill_tiles);
+    plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
+    plan.num_splits = 1;
+    plan.merge = DecodeMerge::single_pass;
+    plan.load_path = p.layout.format == KvFormat::bf16 ? DecodeLoadPath::tma : DecodeLoadPath::registers;
+    if (opt.merge != DecodeMerge::automatic && opt.merge != DecodeMerge::single_pass)
+      detail::throw_unsupported("merge", to_string(opt.merge), "single_pass with the prefill kernel");
+    return plan;
+  }
   plan.col_tiles = opt.col_tiles > 0 ? opt.col_tiles : runs_col_tiles_for(p, target, plan.kv_units, columns, wave);
   const int64_t tile_cols = int64_t(kDecodeQHeadsPerCta) * plan.col_tiles;
   plan.head_tiles = int32_t((columns + tile_cols - 1) / tile_cols);

@@ -10,6 +10,7 @@
 #include "kernels/common/cuda_check.hpp"
 #include "kernels/decode/decode_launch.cuh"
 #include "kernels/decode/kv_tensor_map.hpp"
+#include "kernels/prefill/prefill_launch.cuh"
 #include "kernels/reduce/reduce.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/format.hpp"
@@ -121,9 +122,25 @@ RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* wor
   return p;
 }
 
+kernels::PrefillLaunch prefill_kernels(KvFormat format) {
+  switch (format) {
+    case KvFormat::bf16: return kernels::kPrefillBf16;
+    case KvFormat::fp8_e4m3: return kernels::kPrefillFp8;
+    case KvFormat::nvfp4: return kernels::kPrefillNvfp4;
+  }
+  detail::throw_unsupported("format", int(format), "bf16, fp8_e4m3, nvfp4");
+}
+
 // The plan's decode kernel over validated arguments (records only, for the
 // workspace merge).
 void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspace, Stream stream) {
+  if (plan.prefill) {
+    METRALE_CHECK_ARG(a.num_seqs <= 65535, "num_seqs", a.num_seqs, "<= 65535 for the prefill kernel (its grid's y)");
+    const RunParams p = make_params(plan, a, nullptr);
+    prefill_kernels(plan.problem.layout.format)(
+        p, plan.kernel(), dim3(unsigned(plan.kv_units), unsigned(a.num_seqs), unsigned(plan.head_tiles)), stream);
+    return;
+  }
   const int64_t grid_x = plan.grid_x(a.num_seqs);
   METRALE_CHECK_ARG(grid_x <= detail::kMaxGridX, "num_seqs", a.num_seqs,
                     "num_seqs * num_kv_heads * ceil(group/8) <= 2^31-1 (grid limit)");

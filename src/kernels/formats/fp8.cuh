@@ -23,6 +23,15 @@ struct Fp8Format : FormatPolicy<KvFormat::fp8_e4m3>, VQuadByPairs<Fp8Format> {
     e4m3x4_to_f16x2x2(byte_perm(wa[j / 4], wb[j / 4], sel), r0, r1);
   }
 
+  // ---- prefill (kernels/prefill): 16 codes of a row, in order, to the
+  // 16 f16 operands the tensor cores read from shared memory (exact) ----
+  __device__ __forceinline__ static void unpack16(const uint4 codes, uint4 (&out)[2]) {
+    e4m3x4_to_f16x2x2(codes.x, out[0].x, out[0].y);
+    e4m3x4_to_f16x2x2(codes.y, out[0].z, out[0].w);
+    e4m3x4_to_f16x2x2(codes.z, out[1].x, out[1].y);
+    e4m3x4_to_f16x2x2(codes.w, out[1].z, out[1].w);
+  }
+
   // ---- cache write: 16 elements (two 16-byte loads, one 16-byte store);
   // code = e4m3_rne_satfinite(x * inv_scale) by the hardware conversion
   // (quantize_fast.cuh) ----

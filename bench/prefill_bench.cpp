@@ -1,0 +1,160 @@
+// prefill_bench: query runs over the paged cache at prefill shapes (issue
+// 18), timed through run_attn with the planner's plan (or a forced kernel):
+// time, TFLOPS and the fraction of the dense BF16 tensor-core peak.
+//
+// Shapes (--shapes, comma list):
+//   N        one prompt of N tokens (no cached prefix)
+//   N+P      a chunk of N new tokens over a cached prefix of P tokens
+//   ragged8  8 prompts of 512, 1024, ..., 4096 tokens in one batch
+// FLOPs: 4 * head_dim * q heads * sum over query rows of the positions each
+// attends (causal, aligned to the end of its sequence; the window bounds it).
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "bench/lib/bench_util.hpp"
+#include "bench/lib/decode_workload.hpp"
+#include "bench/lib/gpu_timing.hpp"
+#include "metrale/cuda.hpp"
+#include "metrale/error.hpp"
+
+namespace {
+
+using namespace metrale;
+constexpr auto& cuda_ok = metrale::test::cuda_check;
+
+struct Run {
+  int32_t new_tokens, prefix;
+};
+
+std::vector<Run> parse_shape(const std::string& s) {
+  if (s == "ragged8") {
+    std::vector<Run> r;
+    for (int i = 1; i <= 8; ++i) r.push_back({512 * i, 0});
+    return r;
+  }
+  const size_t plus = s.find('+');
+  if (plus == std::string::npos) return {{std::stoi(s), 0}};
+  return {{std::stoi(s.substr(0, plus)), std::stoi(s.substr(plus + 1))}};
+}
+
+double prefill_flops(const std::vector<Run>& runs, int32_t q_heads, int32_t head_dim, int32_t window) {
+  double attended = 0;
+  for (const Run& r : runs)
+    for (int64_t j = 0; j < r.new_tokens; ++j) {
+      const int64_t a = r.prefix + j + 1;
+      attended += double(window > 0 ? std::min<int64_t>(a, window) : a);
+    }
+  return 4.0 * head_dim * q_heads * attended;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"metrale prefill benchmark: query runs over the paged cache"};
+  std::string formats = "bf16,fp8,nvfp4", shapes = "1024,4096,8192,16384,2048+30720,ragged8", heads = "32/8";
+  std::string prefill = "automatic", json_path;
+  int head_dim = 128, block_size = 16, window = 0;
+  double peak = 989.4;
+  app.add_option("--formats", formats, "comma list of bf16, fp8, nvfp4");
+  app.add_option("--shapes", shapes, "comma list of N, N+P, ragged8");
+  app.add_option("--heads", heads, "QHEADS/KVHEADS");
+  app.add_option("--head-dim", head_dim)->check(CLI::IsMember({64, 128, 256}));
+  app.add_option("--block-size", block_size)->check(CLI::IsMember({16, 32, 64, 128}));
+  app.add_option("--window", window, "sliding window (0 = off)");
+  app.add_option("--prefill", prefill, "automatic | off | on (DecodePlanOptions::prefill)")
+      ->check(CLI::IsMember({"automatic", "off", "on"}));
+  app.add_option("--peak-tflops", peak, "dense BF16 tensor-core peak the fractions are of (H100/H200 SXM: 989.4)");
+  app.add_option("--json", json_path, "write rows as JSON");
+  CLI11_PARSE(app, argc, argv);
+  if (!cuda::available()) {
+    std::fprintf(stderr, "prefill_bench: no sm_90 GPU here; nothing to measure\n");
+    return 2;
+  }
+  int qh = 32, kvh = 8;
+  if (std::sscanf(heads.c_str(), "%d/%d", &qh, &kvh) != 2) throw CLI::ValidationError("--heads", heads);
+  const cuda::DeviceInfo dev = cuda::device_info();
+  std::printf("# %s, %d SMs; dense BF16 peak P = %.1f TFLOPS (stated); %d/%d heads d%d page %d\n", dev.name.c_str(),
+              dev.num_sms, peak, qh, kvh, head_dim, block_size);
+  DecodePlanOptions options;
+  options.prefill = decode_prefill_from_string(prefill);
+  const DecodeTarget target = cuda::decode_target();
+  nlohmann::json rows = nlohmann::json::array();
+  for (const std::string& fs : bench::split_list(formats)) {
+    for (const std::string& sh : bench::split_list(shapes)) {
+      const std::vector<Run> runs = parse_shape(sh);
+      bench::DecodeShape s;
+      s.format = kv_format_from_string(fs);
+      s.num_seqs = int32_t(runs.size());
+      s.num_q_heads = qh;
+      s.num_kv_heads = kvh;
+      s.head_dim = head_dim;
+      s.block_size = block_size;
+      s.sliding_window = window;
+      s.seq_len = 0;
+      int32_t max_run = 1, nrows = 0;
+      std::vector<int32_t> qs{0};
+      for (const Run& r : runs) {
+        s.lengths.push_back(r.new_tokens + r.prefix);
+        s.seq_len = std::max(s.seq_len, r.new_tokens + r.prefix);
+        max_run = std::max(max_run, r.new_tokens);
+        nrows += r.new_tokens;
+        qs.push_back(nrows);
+      }
+      // Compute-bound: two replicas are enough to keep the caches out of each other's L2.
+      bench::DecodeWorkload w(s, size_t(64) << 20, 1234);
+      bf16 *q = nullptr, *out = nullptr;
+      int32_t* q_start = nullptr;
+      const size_t row_elems = size_t(qh) * head_dim;
+      cuda_ok(cudaMalloc(&q, size_t(nrows) * row_elems * sizeof(bf16)), "cudaMalloc(q)");
+      cuda_ok(cudaMemset(q, 0x3c, size_t(nrows) * row_elems * sizeof(bf16)), "memset(q)");
+      cuda_ok(cudaMalloc(&out, size_t(nrows) * row_elems * sizeof(bf16)), "cudaMalloc(out)");
+      cuda_ok(cudaMalloc(&q_start, qs.size() * sizeof(int32_t)), "cudaMalloc(q_start)");
+      cuda_ok(cudaMemcpy(q_start, qs.data(), qs.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "q_start");
+      auto args = [&](int replica) {
+        PagedAttnArgs a = attn_args(w.args(replica, out));
+        a.q = q;
+        a.q_stride = int64_t(row_elems);
+        a.q_start = q_start;
+        a.num_q_rows = nrows;
+        return a;
+      };
+      const DecodePlan plan = plan_decode(decode_problem(args(0), w.max_seq_len(), max_run), target, options);
+      float* ws = nullptr;
+      cuda_ok(cudaMalloc(&ws, std::max<size_t>(plan.workspace_bytes, 16)), "cudaMalloc(workspace)");
+      const int per_graph = std::max(2, w.replicas());
+      const double us = bench::median_us_per_call(
+          [&](int call, cudaStream_t st) {
+            cuda::run_attn(plan, args(call % w.replicas()), SplitKWorkspace{ws, plan.workspace_bytes, plan.num_splits},
+                           st);
+          },
+          per_graph);
+      const double tflops = prefill_flops(runs, qh, head_dim, window) / (us * 1e6);
+      const std::string kernel = plan.prefill ? "prefill" : "runs " + std::to_string(plan.num_splits) + " splits";
+      std::printf("%-6s %-12s %10.1f us %7.1f TFLOPS %6.3f P  %s\n", fs.c_str(), sh.c_str(), us, tflops, tflops / peak,
+                  kernel.c_str());
+      std::fflush(stdout);
+      rows.push_back({{"format", fs}, {"shape", sh}, {"us", us}, {"tflops", tflops}, {"fraction_of_peak", tflops / peak},
+                      {"kernel", kernel}, {"head_dim", head_dim}, {"heads", heads}});
+      cudaFree(q);
+      cudaFree(out);
+      cudaFree(q_start);
+      cudaFree(ws);
+    }
+  }
+  if (!json_path.empty()) {
+    nlohmann::json j;
+    j["device"] = dev.name;
+    j["peak_tflops"] = peak;
+    j["rows"] = rows;
+    std::ofstream(json_path) << j.dump(1) << "\n";
+  }
+  return 0;
+}

@@ -1,0 +1,9 @@
+// Prefill kernels for the bf16 cache format (head_dim 64, 128, 256).
+#include "kernels/formats/bf16.cuh"
+#include "kernels/prefill/prefill_launch.cuh"
+
+namespace metrale::kernels {
+
+const PrefillLaunch kPrefillBf16 = launch_prefill<Bf16Format>;
+
+}  // namespace metrale::kernels

@@ -1,0 +1,58 @@
+// The prefill kernel's compile-time configuration (prefill_kernel.cuh): tile
+// sizes, warpgroup roles and register budgets, the shared-memory layout.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/formats/format_policy.cuh"
+#include "plan/decode_geometry.hpp"
+
+namespace metrale::kernels {
+
+template <class Fmt, int D>
+struct PrefillConfig {
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim");
+  using Op = typename Fmt::Op;  // the MMA operands: bf16, or f16 for the dequantised formats
+  static constexpr int kHeadDim = D;
+  // A CTA: kRows packed (query row, q head) rows of one kv head, two
+  // consumer warpgroups of 64 rows each (M of their m64 MMAs) and one
+  // producer warpgroup that fills the K/V stages.
+  static constexpr int kRows = geometry::kPrefillRowsPerCta;
+  static constexpr int kConsumers = 2;
+  static_assert(kRows == 64 * kConsumers, "64 rows per consumer warpgroup");
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  // kv tokens per tile: the N of S = Q K^T, the K of O += P V. head_dim 256
+  // halves it to keep O (128 registers) and S in a consumer's budget.
+  static constexpr int kTileTokens = D <= 128 ? 128 : 64;
+  // kOverlap (bf16 at head_dim <= 128): a consumer issues tile t's PV with
+  // tile t + 1's QK and holds two stages at once, so the ring has three;
+  // it needs 232 registers (O, two S tiles in turn, two P tiles). The
+  // dequantising formats keep a producer of 88 registers (a tile's raw
+  // codes in flight at once: with fewer, in passes, it was latency-bound)
+  // and run their MMAs and softmax in turn with two stages, as head_dim 256
+  // does (O alone is 128 registers).
+  static constexpr bool kOverlap = Fmt::kBits == 16 && D <= 128;
+  static constexpr int kStages = kOverlap ? 3 : 2;
+  // Register budgets (setmaxnreg) move registers between the warpgroups of
+  // the CTA's own allocation (launch bounds of kThreads: 168 per thread,
+  // ptxas), so they must fit in it: an increase that does not fit waits forever.
+  // At head_dim 256 the dequantising producer fetches V only after storing K
+  // (kFetchSplit), for the consumers' 128 O accumulators.
+  static constexpr bool kFetchSplit = D == 256;
+  static constexpr int kProducerRegs = Fmt::kBits == 16 ? 40 : (kFetchSplit ? (Fmt::kBits == 8 ? 64 : 56) : 88);
+  static constexpr int kConsumerRegs = Fmt::kBits == 16 ? 232 : (kFetchSplit ? (Fmt::kBits == 8 ? 216 : 224) : 208);
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kLaunchRegs * kThreads, "the CTA's registers");
+
+  // Shared memory: Q [kRows x D], then per stage K and V [kTileTokens x D],
+  // all 16-bit swizzled tiles (wgmma.cuh); then the barriers.
+  static constexpr int kQBytes = kRows * D * 2;
+  static constexpr int kTileBytes = kTileTokens * D * 2;
+  static constexpr int kKOffset(int s) { return kQBytes + s * 2 * kTileBytes; }
+  static constexpr int kVOffset(int s) { return kQBytes + s * 2 * kTileBytes + kTileBytes; }
+  static constexpr int kBarOffset = kQBytes + kStages * 2 * kTileBytes;
+  static constexpr int kSmemBytes = kBarOffset + 64 + 1024;  // + the 1024-byte alignment of the base
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
+};
+
+}  // namespace metrale::kernels

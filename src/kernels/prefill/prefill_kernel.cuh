@@ -1,0 +1,390 @@
+// Query runs over the paged cache at tensor-core rate (SYSTEM.md 8; issue
+// 18): the Hopper kernel the planner takes for long runs (prompts, chunks
+// of a chunked prefill). Its parts:
+//   prefill_config.cuh      tiles, roles, register budgets, shared memory
+//   prefill_tile_loads.cuh  the producer's K/V tile loads (and dequantisation)
+//   wgmma.cuh, wgmma_ops.cuh  warpgroup MMAs and their descriptors
+//
+// Work decomposition: one CTA per (kv head, sequence, tile of kRows packed
+// rows), the packed row of query row j and q head h of the group being
+// j * group + h, so the q heads that share a kv head are served by one pass
+// over its pages (as decode packs the group on its N). Tiles are counted
+// from the run's end (blockIdx.z = 0 holds its last rows), so the CTAs with
+// the most positions to attend start first; the first tile of a run may be
+// partial. A CTA attends the positions its rows attend together, from its
+// first row's window start to its last row's position, in tiles of
+// kTileTokens.
+//
+// Warp specialisation: warpgroup 0 is the producer (setmaxnreg down), which
+// fills a ring of kStages K/V stages (full/empty mbarriers); warpgroups 1
+// and 2 are consumers of 64 rows each (setmaxnreg up). Per tile a consumer
+//   S = Q K^T    wgmma m64 n(kTileTokens) k16, Q and K from shared memory
+//   online softmax of S in registers (log2 units; masks only on the tiles
+//                that cross its rows' causal or window edges)
+//   O += P V     wgmma m64 n(head_dim) k16, P from registers (S's
+//                accumulator layout is the A fragment's), V from shared
+//                memory (MN-major)
+// The two consumers share the stages and run independently; the tensor
+// cores interleave one's MMAs with the other's softmax.
+//
+// The epilogue follows softmax_state.hpp (sinks in the final normalisation,
+// lse = m + ln(l), NaN rules); a page id outside the cache in the run's
+// attended pages makes the whole run NaN, as in the decode kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/decode/decode_params.hpp"
+#include "kernels/decode/decode_runs.cuh"
+#include "kernels/prefill/prefill_config.cuh"
+#include "kernels/prefill/prefill_tile_loads.cuh"
+#include "kernels/prefill/wgmma.cuh"
+#include "metrale/ops.hpp"
+#include "metrale/softmax_state.hpp"
+
+namespace metrale::kernels {
+
+template <class Fmt, int D>
+__global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
+    paged_prefill_kernel(const __grid_constant__ RunParams p) {
+  using Cfg = PrefillConfig<Fmt, D>;
+  using Op = typename Cfg::Op;
+  using Loader = PrefillTileLoader<Fmt, D>;
+  constexpr int kM = Cfg::kRows, kN = Cfg::kTileTokens;
+  const float kNegInf = -__int_as_float(0x7f800000);
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  const uint32_t smem_base = smem_addr(smem);
+  const uint32_t bar_full = smem_base + Cfg::kBarOffset;  // [kStages] x 8 bytes
+  const uint32_t bar_empty = bar_full + 8 * Cfg::kStages;
+
+  const int kv_head = blockIdx.x;
+  const int64_t seq = blockIdx.y;
+  const int tile = blockIdx.z;  // from the run's end
+
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+
+  const int32_t seq_len = min(max(p.seq_lens[seq], 0), p.max_blocks_per_seq * p.block_size);
+  const int32_t row0 = p.q_start ? p.q_start[seq] : int32_t(seq);
+  const int32_t run_len = p.q_start ? min(max(p.q_start[seq + 1] - row0, 0), seq_len) : 1;
+  const int32_t group = p.group;
+  const int32_t packed = run_len * group;       // the run's packed rows
+  const int32_t row_hi = packed - tile * kM;    // the tile's packed rows [row_lo, row_hi)
+  if (row_hi <= 0) return;
+  const int32_t row_lo = row_hi - kM;           // negative in a run's partial first tile
+  const int32_t first_row = max(row_lo, 0);
+  auto range_of = [&](int32_t packed_row) {
+    return query_range(seq_len, run_len, packed_row / group, p.sliding_window);
+  };
+  const int32_t span_begin = range_of(first_row).begin, span_end = range_of(row_hi - 1).end;
+  const int32_t p_begin = span_begin & ~15;
+  const int num_tiles = span_end > p_begin ? (span_end - p_begin + kN - 1) / kN : 0;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbar_init(bar_full + 8 * s, 128);                       // the producer's threads
+      mbar_init(bar_empty + 8 * s, 4 * Cfg::kConsumers);      // the consumers' warps
+    }
+    fence_mbarrier_init();
+  }
+  // Q of the tile's rows (zeros past the run), by every thread, in the MMA's type.
+  for (int idx = threadIdx.x; idx < kM * D / 8; idx += Cfg::kThreads) {
+    const int r = idx / (D / 8), u = idx % (D / 8);
+    const int32_t pr = row_lo + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (pr >= 0) {
+      const int32_t j = pr / group, h = pr % group;
+      v = __ldg(reinterpret_cast<const uint4*>(p.q + int64_t(row0 + j) * p.q_stride +
+                                               int64_t(kv_head * group + h) * D + u * 8));
+      if constexpr (!std::is_same_v<Op, Bf16Op>) {
+        float x[8];
+        unpack8(v, x);
+        v = make_uint4(pack2<Op>(x[0], x[1]), pack2<Op>(x[2], x[3]), pack2<Op>(x[4], x[5]), pack2<Op>(x[6], x[7]));
+      }
+    }
+    *reinterpret_cast<uint4*>(smem + wg::swizzle_offset(kM, r, u)) = v;
+  }
+  wg::fence_proxy_async();
+  // A page id outside the cache anywhere in the run's attended pages makes the run NaN.
+  const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
+  bool bad_page = false;
+  {
+    const int32_t first_page = query_range(seq_len, run_len, 0, p.sliding_window).begin / p.block_size;
+    const int32_t end_page = (seq_len + p.block_size - 1) / p.block_size;
+    for (int32_t pg = first_page + threadIdx.x; pg < end_page; pg += Cfg::kThreads) {
+      const int32_t id = __ldg(table + pg);
+      bad_page = bad_page || id < 0 || id >= p.num_blocks;
+    }
+  }
+  const bool bad = __syncthreads_or(bad_page);
+
+  const PrefillRows rows{table, seq_len, p.block_size, p.num_kv_heads, kv_head, p.num_blocks, p.page_stride,
+                         p.scale_offset};
+  const int wgi = threadIdx.x / 128;
+  if (wgi == 0) {
+    // ---- producer ----
+    wg::regs_dealloc<Cfg::kProducerRegs>();
+    if (bad) return;
+    const int pt = threadIdx.x;
+    for (int t = 0; t < num_tiles; ++t) {
+      const int s = t % Cfg::kStages;
+      const int32_t p0 = p_begin + t * kN;
+      if constexpr (Loader::kTma) {
+        if (t >= Cfg::kStages) mbar_wait(bar_empty + 8 * s, ((t / Cfg::kStages) - 1) & 1);
+        Loader::load(p, rows, p0, smem_base + Cfg::kKOffset(s), smem_base + Cfg::kVOffset(s), bar_full + 8 * s, pt);
+      } else {
+        const PrefillRowAt at = Loader::at(rows, p0, pt);
+        typename Loader::Raw rk, rv;
+        Loader::fetch(p.k_cache, p, at, pt, rk);  // in flight while the stage drains
+        if constexpr (!Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, at, pt, rv);
+        if (t >= Cfg::kStages) mbar_wait(bar_empty + 8 * s, ((t / Cfg::kStages) - 1) & 1);
+        Loader::store(rk, smem + Cfg::kKOffset(s), pt);
+        if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, at, pt, rv);
+        Loader::store(rv, smem + Cfg::kVOffset(s), pt);
+        wg::fence_proxy_async();
+        mbar_arrive(bar_full + 8 * s);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  wg::regs_alloc<Cfg::kConsumerRegs>();
+  const int cw = wgi - 1;                    // consumer 0 or 1
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int quad = lane % 4;
+  // The warpgroup's rows [wg_lo, wg_lo + 64) and the thread's two, r and r + 8.
+  const int32_t wg_lo = row_lo + cw * 64;
+  const int32_t wg_first = max(wg_lo, 0), wg_last = wg_lo + 63;
+  const QueryRange wg_first_range = range_of(wg_first), wg_last_range = range_of(max(wg_last, 0));
+  int32_t my_row[2];
+  QueryRange my_range[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    my_row[i] = wg_lo + warp * 16 + lane / 4 + 8 * i;
+    my_range[i] = range_of(max(my_row[i], first_row));
+  }
+
+  constexpr int kSAccs = kN / 2, kOAccs = D / 2;
+  float o[kOAccs];
+#pragma unroll
+  for (int i = 0; i < kOAccs; ++i) o[i] = 0.0f;
+  float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.0f, 0.0f};
+  const uint32_t q_tile = smem_base + uint32_t(cw * 64 * 128);
+
+  // Both consumers walk all of the CTA's tiles (a tile none of a
+  // warpgroup's rows attends gives it P = 0), so that they can take turns:
+  // before issuing a tile's MMAs a consumer waits on its named barrier
+  // (1 + cw), after issuing them it lets the other one go (FlashAttention
+  // 3's ping-pong), so that one consumer's softmax runs under the other's
+  // MMAs. A bad run: the producer loads nothing, nobody waits.
+  const int tiles = bad ? 0 : num_tiles;
+  auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
+  auto your_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
+  if (cw == 1 && tiles > 0) your_turn();  // consumer 0 issues first
+  auto stage_of = [](int t) { return t % Cfg::kStages; };
+  auto wait_full = [&](int t) { mbar_wait(bar_full + 8 * stage_of(t), (t / Cfg::kStages) & 1); };
+  auto release = [&](int t) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_empty + 8 * stage_of(t));
+  };
+  // S = Q K^T of tile t (issued, committed; the caller waits).
+  auto issue_qk = [&](float (&sacc)[kSAccs], int t) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      Wgmma<kN, Op>::ss(sacc, wg::k_major(q_tile, kM, kk), wg::k_major(smem_base + Cfg::kKOffset(stage_of(t)), kN, kk),
+                        kk > 0);
+    wg::commit();
+  };
+  // O += P V of tile t.
+  auto issue_pv = [&](const uint32_t (&pa)[kN / 16][4], int t) {
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk)
+      Wgmma<D, Op>::rs(o, pa[kk], wg::mn_major(smem_base + Cfg::kVOffset(stage_of(t)), kN, kk), 1);
+    wg::commit();
+  };
+  // The online softmax of tile t's S (log2 units; masked where the tile
+  // crosses an edge of the warpgroup's rows' ranges): P as PV's A
+  // fragments, m and l updated, f = the factor O must take before P joins it.
+  // sacc[4j + 2i + c]: row i, column 8j + 2 quad + c.
+  auto softmax_tile = [&](float (&sacc)[kSAccs], int t, uint32_t (&pa)[kN / 16][4], float (&f)[2]) {
+    const int32_t p0 = p_begin + t * kN;
+    // Logits in log2 units are sacc * sc: without soft-cap (and a positive
+    // scale, as always in practice) the scale folds into the exponent's FFMA.
+    float sc = p.qk_log2_scale;
+    if (p.softcap_log2 > 0.0f) {
+#pragma unroll
+      for (int e = 0; e < kSAccs; ++e) sacc[e] = p.softcap_log2 * fast_tanh(sacc[e] * p.softcap_scale);
+      sc = 1.0f;
+    } else if (!(sc > 0.0f)) {
+#pragma unroll
+      for (int e = 0; e < kSAccs; ++e) sacc[e] *= sc;
+      sc = 1.0f;
+    }
+    if (p0 + kN > wg_first_range.end || p0 < wg_last_range.begin) {
+#pragma unroll
+      for (int e = 0; e < kSAccs; ++e) {
+        const int i = (e / 2) % 2;
+        const int32_t pos = p0 + 8 * (e / 4) + 2 * quad + e % 2;
+        if (pos < my_range[i].begin || pos >= my_range[i].end) sacc[e] = kNegInf;
+      }
+    }
+    float ref[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[i], mx * sc);
+      f[i] = m_new == kNegInf ? 1.0f : fast_exp2(m_run[i] - m_new);
+      ref[i] = m_new == kNegInf ? 0.0f : m_new;
+      m_run[i] = m_new;
+    }
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      const float p00 = fast_exp2(fmaf(sacc[4 * j], sc, -ref[0])), p01 = fast_exp2(fmaf(sacc[4 * j + 1], sc, -ref[0]));
+      const float p10 = fast_exp2(fmaf(sacc[4 * j + 2], sc, -ref[1])), p11 = fast_exp2(fmaf(sacc[4 * j + 3], sc, -ref[1]));
+      sum[0] += p00 + p01;
+      sum[1] += p10 + p11;
+      // A fragment of k-step j/2: (row, k 2q..) (row+8, k 2q..) (row, k 2q+8..) (row+8, k 2q+8..)
+      pa[j / 2][2 * (j % 2)] = pack2<Op>(p00, p01);
+      pa[j / 2][2 * (j % 2) + 1] = pack2<Op>(p10, p11);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + sum[i];
+  };
+  auto rescale_o = [&](const float (&f)[2]) {
+#pragma unroll
+    for (int e = 0; e < kOAccs; ++e) o[e] *= f[(e / 2) % 2];
+  };
+
+  if constexpr (!Cfg::kOverlap) {
+    // QK, softmax, PV in turn (head_dim 256).
+    for (int t = 0; t < tiles; ++t) {
+      float sacc[kSAccs], f[2];
+      uint32_t pa[kN / 16][4];
+      wait_full(t);
+      my_turn();
+      wg::fence();
+      issue_qk(sacc, t);
+      your_turn();
+      wg::wait<0>();
+      wg::fence_operands(sacc);
+      softmax_tile(sacc, t, pa, f);
+      rescale_o(f);
+      wg::fence_operands(o);
+      wg::fence_operands(pa);
+      wg::fence();
+      issue_pv(pa, t);
+      wg::wait<0>();
+      wg::fence_operands(o);
+      wg::fence_operands(pa);
+      release(t);
+    }
+  } else if (tiles > 0) {
+    // Tile t's PV is issued with tile t + 1's QK, so the softmax of t + 1
+    // runs while the tensor cores do PV of t; P of t stays in its registers
+    // until that PV has completed.
+    uint32_t pa[kN / 16][4];
+    float f[2];
+    {
+      float sacc[kSAccs];
+      wait_full(0);
+      my_turn();
+      wg::fence();
+      issue_qk(sacc, 0);
+      your_turn();
+      wg::wait<0>();
+      wg::fence_operands(sacc);
+      softmax_tile(sacc, 0, pa, f);  // O is 0: nothing to rescale
+    }
+    // One step: tile t's QK and softmax into `next`, tile t - 1's PV from `prev`.
+    auto step = [&](int t, uint32_t (&prev)[kN / 16][4], uint32_t (&next)[kN / 16][4]) {
+      float sacc[kSAccs];
+      wait_full(t);
+      wg::fence_operands(o);
+      wg::fence_operands(prev);
+      my_turn();
+      wg::fence();
+      issue_qk(sacc, t);
+      issue_pv(prev, t - 1);
+      your_turn();
+      wg::wait<1>();  // QK of t (PV of t - 1 may still run)
+      wg::fence_operands(sacc);
+      softmax_tile(sacc, t, next, f);
+      wg::wait<0>();
+      wg::fence_operands(o);
+      wg::fence_operands(prev);  // read by the PV until here
+      release(t - 1);
+      rescale_o(f);
+    };
+    // P alternates between pa and pb (a copy between them inside the loop
+    // made ptxas serialise the MMAs).
+    uint32_t pb[kN / 16][4];
+    bool last_in_b = false;
+    for (int t = 1; t < tiles; t += 2) {
+      step(t, pa, pb);
+      last_in_b = true;
+      if (t + 1 < tiles) {
+        step(t + 1, pb, pa);
+        last_in_b = false;
+      }
+    }
+    auto finish = [&](uint32_t (&last)[kN / 16][4]) {
+      wg::fence_operands(o);
+      wg::fence_operands(last);
+      my_turn();
+      wg::fence();
+      issue_pv(last, tiles - 1);
+      your_turn();
+      wg::wait<0>();
+      wg::fence_operands(o);
+      wg::fence_operands(last);
+      release(tiles - 1);
+    };
+    if (last_in_b)
+      finish(pb);
+    else
+      finish(pa);
+  }
+
+  // ---- epilogue: the rows' outputs (and lse) ----
+  const float qnan = __int_as_float(0x7fc00000);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = l_run[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (my_row[i] < first_row || my_row[i] >= row_hi) continue;
+    const int32_t j = my_row[i] / group, h = kv_head * group + my_row[i] % group;
+    softmax::Merge<softmax::Log2> mg;
+    mg.see_max({m_run[i], l});  // a NaN logit's l spreads through finalize
+    mg.nan = bad;
+    constexpr float kLog2e = 1.4426950408889634f;
+    if (p.sinks) mg.sink = p.sinks[h] * kLog2e;
+    const int64_t out_row = int64_t(row0 + j) * p.num_q_heads + h;
+    bf16* out = p.out + out_row * D + 2 * quad;
+#pragma unroll
+    for (int jj = 0; jj < D / 8; ++jj) {
+      const float a = mg.nan ? qnan : mg.finalize(o[4 * jj + 2 * i], l) * p.v_factor;
+      const float b = mg.nan ? qnan : mg.finalize(o[4 * jj + 2 * i + 1], l) * p.v_factor;
+      *reinterpret_cast<uint32_t*>(out + 8 * jj) = pack2<Bf16Op>(a, b);
+    }
+    if (p.lse != nullptr && quad == 0) {
+      const softmax::State<> st = softmax::to_record(mg.merged(l), m_run[i]);
+      softmax::Merge<> ln;
+      ln.M = st.m;
+      ln.nan = st.is_nan();
+      p.lse[out_row] = ln.lse(st.l);
+    }
+  }
+}
+
+}  // namespace metrale::kernels

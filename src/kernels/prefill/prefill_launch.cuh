@@ -1,0 +1,47 @@
+// Launch of the prefill-kernel instantiation a plan names (format x
+// head_dim); one translation unit per format (prefill_<format>.cu), as for
+// decode. Nothing here decides: the plan has.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/common/cuda_check.hpp"
+#include "kernels/common/dependent_launch.hpp"
+#include "kernels/prefill/prefill_kernel.cuh"
+#include "metrale/error.hpp"
+#include "metrale/plan.hpp"
+
+namespace metrale::kernels {
+
+template <class Fmt, int D>
+struct PrefillInstance {
+  using Cfg = PrefillConfig<Fmt, D>;
+  static constexpr auto kernel = paged_prefill_kernel<Fmt, D>;
+  static void allow_smem() {
+    static const bool ok =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
+    if (!ok) detail::cuda_check(cudaGetLastError(), "cudaFuncSetAttribute(paged_prefill_kernel)");
+  }
+};
+
+// Grid (kv heads, sequences, tiles of each run's packed rows).
+template <class Fmt>
+void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, cudaStream_t stream) {
+  auto go = [&](auto inst) {
+    using I = decltype(inst);
+    I::allow_smem();
+    detail::launch_dependent(detail::DependentLaunch(grid, dim3(I::Cfg::kThreads), I::Cfg::kSmemBytes, stream),
+                             I::kernel, "paged_prefill_kernel", p);
+  };
+  switch (id.head_dim) {
+    case 64: return go(PrefillInstance<Fmt, 64>{});
+    case 128: return go(PrefillInstance<Fmt, 128>{});
+    case 256: return go(PrefillInstance<Fmt, 256>{});
+  }
+  detail::throw_unsupported("head_dim", id.head_dim, "64, 128, 256");
+}
+
+using PrefillLaunch = void (*)(const RunParams& p, const DecodeKernelId& id, dim3 grid, cudaStream_t stream);
+extern const PrefillLaunch kPrefillBf16, kPrefillFp8, kPrefillNvfp4;
+
+}  // namespace metrale::kernels

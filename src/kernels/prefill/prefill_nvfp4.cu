@@ -1,0 +1,9 @@
+// Prefill kernels for the nvfp4 cache format (head_dim 64, 128, 256).
+#include "kernels/formats/nvfp4.cuh"
+#include "kernels/prefill/prefill_launch.cuh"
+
+namespace metrale::kernels {
+
+const PrefillLaunch kPrefillNvfp4 = launch_prefill<Nvfp4Format>;
+
+}  // namespace metrale::kernels
