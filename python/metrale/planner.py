@@ -41,7 +41,10 @@ class Planner:
     ``workspace_bytes``. The keyword options force a decision (benchmarks,
     tests): ``num_splits`` (0 = planner), ``pairing`` ("automatic", "off",
     "on"), ``load_path`` ("automatic", "registers", "tma"), ``merge``
-    ("automatic", "single_pass", "cluster", "workspace"). The planner owns
+    ("automatic", "single_pass", "cluster", "workspace"), ``prefill``
+    ("automatic", "off", "on": query runs in the tensor-core prefill kernel,
+    ``plan.prefill``; the planner takes it for runs of at least 128 (row, q
+    head) pairs per kv head when its grid fills half the GPU). The planner owns
     the split-K workspace the plan needs on `device` (allocated once here,
     never in ``run``). ``run`` enqueues what the plan says without
     synchronising or allocating when ``out`` is given, so it can be captured
@@ -53,7 +56,8 @@ class Planner:
     def __init__(self, num_seqs: int, num_q_heads: int, layout: Union[KvCacheLayout, KVCacheView, "PagedKVCache"],
                  max_seq_len: int, sliding_window: int = 0, device: Any = None, *, allocate_workspace: bool = True,
                  num_splits: int = 0, pairing: str = "automatic", load_path: str = "automatic",
-                 merge: str = "automatic", max_q_len: int = 1, num_q_rows: int = 0, attn_options: bool = False):
+                 merge: str = "automatic", max_q_len: int = 1, num_q_rows: int = 0, attn_options: bool = False,
+                 prefill: str = "automatic"):
         if device is None:  # the cache's device (a bare layout: the CPU)
             device = _cache_device(layout)
         layout = _layout_of(layout)
@@ -74,7 +78,7 @@ class Planner:
         if not isinstance(num_splits, (int, np.integer)) or not 0 <= num_splits <= _metrale.max_splits():
             raise ValueError(f"'num_splits' = {num_splits!r}; expected 0 (the planner's) or an int in "
                              f"[1, {_metrale.max_splits()}]")
-        for name, val in (("pairing", pairing), ("load_path", load_path), ("merge", merge)):
+        for name, val in (("pairing", pairing), ("load_path", load_path), ("merge", merge), ("prefill", prefill)):
             if not isinstance(val, str):
                 raise TypeError(f"'{name}': expected a str, got {type(val).__name__}")
         device_index = -1 if self._device[0] == "cpu" else int(self._device[1])
@@ -82,7 +86,7 @@ class Planner:
             raise ValueError(f"'max_q_len' = {max_q_len!r}; expected an int >= 1 (1: decode)")
         self.plan = _metrale.plan_decode(self.num_seqs, self.num_q_heads, layout, self.max_seq_len,
                                          self.sliding_window, device_index, int(num_splits), pairing, load_path,
-                                         merge, int(max_q_len), int(num_q_rows), bool(attn_options))
+                                         merge, int(max_q_len), int(num_q_rows), bool(attn_options), prefill)
         self.workspace = None
         if allocate_workspace and self.plan.workspace_bytes > 0:
             self.workspace = _empty(((self.plan.workspace_bytes + 3) // 4,), "float32", self._device)

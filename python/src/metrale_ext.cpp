@@ -850,9 +850,10 @@ NB_MODULE(_metrale, m) {
       .def_prop_ro("runs_kernel", [](const DecodePlan& p) { return p.kernel().runs; })
       .def_ro("col_tiles", &DecodePlan::col_tiles)
       .def_ro("head_tiles", &DecodePlan::head_tiles)
+      .def_ro("prefill", &DecodePlan::prefill)
       .def("__repr__", [](const DecodePlan& p) {
         return concat("DecodePlan(num_splits=", p.num_splits, ", merge=", to_string(p.merge),
-                      ", load_path=", to_string(p.load_path), ", pair_kv_heads=", p.pair_kv_heads ? "True" : "False",
+                      ", load_path=", to_string(p.load_path), ", pair_kv_heads=", p.pair_kv_heads ? "True" : "False", ", prefill=", p.prefill ? "True" : "False",
                       ", grid=(", p.grid_x(p.problem.num_seqs), ", ", p.num_splits, "), workspace_bytes=",
                       p.workspace_bytes, ")");
       });
@@ -863,7 +864,7 @@ NB_MODULE(_metrale, m) {
       [](int32_t num_seqs, int32_t num_q_heads, const KvCacheLayout& layout, int32_t max_seq_len,
          int32_t sliding_window, int32_t device, int32_t num_splits, const std::string& pairing,
          const std::string& load_path, const std::string& merge, int32_t max_q_len, int32_t num_q_rows,
-         bool attn_options) {
+         bool attn_options, const std::string& prefill) {
         DecodeProblem p;
         p.num_seqs = num_seqs;
         p.num_q_heads = num_q_heads;
@@ -878,13 +879,15 @@ NB_MODULE(_metrale, m) {
         o.pairing = decode_pairing_from_string(pairing);  // InvalidArgument -> ValueError
         o.load_path = decode_load_path_from_string(load_path);
         o.merge = decode_merge_from_string(merge);
+        o.prefill = decode_prefill_from_string(prefill);
         if (device < 0) return plan_decode(p, cpu::decode_target(), o);
         DeviceGuard g(Where{Dev::cuda, device});
         return plan_decode(p, cuda::decode_target(), o);
       },
       nb::arg("num_seqs"), nb::arg("num_q_heads"), nb::arg("layout"), nb::arg("max_seq_len"),
       nb::arg("sliding_window"), nb::arg("device"), nb::arg("num_splits"), nb::arg("pairing"), nb::arg("load_path"),
-      nb::arg("merge"), nb::arg("max_q_len") = 1, nb::arg("num_q_rows") = 0, nb::arg("attn_options") = false);
+      nb::arg("merge"), nb::arg("max_q_len") = 1, nb::arg("num_q_rows") = 0, nb::arg("attn_options") = false,
+      nb::arg("prefill") = "automatic");
   m.def("attend", &attend, nb::arg("plan").none(), nb::arg("q"), nb::arg("num_q_heads"), nb::arg("layout"),
         nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scales"), nb::arg("q_start"), nb::arg("block_tables"),
         nb::arg("seq_lens"), nb::arg("sliding_window"), nb::arg("sm_scale"), nb::arg("sinks").none(),

@@ -557,6 +557,16 @@ def test_attend_rows_are_decodes_of_their_prefixes(rng, fmt):
                                                                       b.block_tables, b.seq_lens)
     with pytest.raises(ValueError, match="softcap"):
         metrale.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, softcap=-1.0)
+    # The prefill kernel's plan (forced; a single pass): the CPU backend gives the same rows.
+    if fmt != "bf16":  # bf16's prefill loads need TMA, which the CPU target has not
+        pre = metrale.Planner(3, 8, b.cache.layout, 90, sliding_window=20, device="cpu", max_q_len=5,
+                              num_q_rows=rows, prefill="on")
+        assert pre.plan.prefill and pre.num_splits == 1 and "prefill=True" in repr(pre.plan)
+        same = pre.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens)
+        assert np.array_equal(same, out)
+    with pytest.raises(ValueError, match="prefill"):
+        metrale.Planner(3, 8, b.cache.layout, 90, device="cpu", max_q_len=5, prefill="sometimes")
+    assert not metrale.Planner(3, 8, b.cache.layout, 90, device="cpu", max_q_len=5).plan.prefill
 
 
 def test_client_api_fixes(rng):
