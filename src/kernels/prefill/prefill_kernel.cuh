@@ -24,8 +24,10 @@
 //   O += P V     wgmma m64 n(head_dim) k16, P from registers (S's
 //                accumulator layout is the A fragment's), V from shared
 //                memory (MN-major)
-// The two consumers share the stages and run independently; the tensor
-// cores interleave one's MMAs with the other's softmax.
+// The two consumers share the stages and take turns issuing their MMAs
+// (named barriers, as FlashAttention 3's ping-pong), so one's softmax runs
+// under the other's MMAs; bf16 at head_dim <= 128 also issues tile t's PV
+// with tile t + 1's QK (Cfg::kOverlap), its softmax under its own PV.
 //
 // The epilogue follows softmax_state.hpp (sinks in the final normalisation,
 // lse = m + ln(l), NaN rules); a page id outside the cache in the run's
