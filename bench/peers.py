@@ -97,17 +97,19 @@ def time_us(fn, calls):
     return statistics.median(times)
 
 
-def select_peers(spec):
-    """--peers: 'all', or a comma list of peer names or prefixes ('sdpa', 'flex')."""
+def select_peers(spec, known=None):
+    """--peers: 'all', or a comma list of peer names or prefixes ('sdpa', 'flex') of
+    `known` (this script's PEERS unless given), in their order."""
+    known = list(PEERS if known is None else known)
     if spec.strip() == "all":
-        return list(PEERS)
+        return known
     chosen = []
     for item in (x.strip() for x in spec.split(",") if x.strip()):
-        hits = [p for p in PEERS if p.startswith(item)]
+        hits = [p for p in known if p.startswith(item)]
         if not hits:
-            raise SystemExit(f"--peers: unknown peer '{item}' (known: {', '.join(PEERS)}, all)")
+            raise SystemExit(f"--peers: unknown peer '{item}' (known: {', '.join(known)}, all)")
         chosen += [p for p in hits if p not in chosen]
-    return [p for p in PEERS if p in chosen]
+    return [p for p in known if p in chosen]
 
 
 def end_causal_mask(n, ctx, device):

@@ -90,7 +90,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from peers import MAX_REL_ERR, compiled_flex, end_causal_mask, max_rel_err, short  # noqa: E402
+from peers import MAX_REL_ERR, compiled_flex, end_causal_mask, max_rel_err, select_peers, short  # noqa: E402
 
 # H100 / H200 SXM dense BF16 tensor-core peak (no sparsity), TFLOP/s.
 DEFAULT_PEAK_TFLOPS = 989.4
@@ -144,17 +144,13 @@ def prefill_flops(shape_runs, num_q_heads, head_dim):
     return 4 * head_dim * num_q_heads * attended
 
 
-def select_peers(spec):
-    """--peers: 'all', or a comma list of peer names or prefixes ('sdpa', 'flex')."""
-    if spec.strip() == "all":
-        return list(PEERS)
-    chosen = []
-    for item in (x.strip() for x in spec.split(",") if x.strip()):
-        hits = [p for p in PEERS if p.startswith(item)]
-        if not hits:
-            raise SystemExit(f"--peers: unknown peer '{item}' (known: {', '.join(PEERS)}, all)")
-        chosen += [p for p in hits if p not in chosen]
-    return [p for p in PEERS if p in chosen]
+def time_calls(calls, args, device):
+    """time_us of one pass over `calls` (a shape's sequences, one call each)."""
+    def fn():
+        for c in calls:
+            c()
+
+    return time_us(fn, args.reps, args.warmup, device)
 
 
 def _sample(run, calls, device):
@@ -356,11 +352,7 @@ def run_sdpa(peer, shape, args, device):
     err = shape.error(outs)
     del outs
 
-    def fn():
-        for c in calls:
-            c()
-
-    us, how = time_us(fn, args.reps, args.warmup, device)
+    us, how = time_calls(calls, args, device)
     return us, err, "; ".join(dict.fromkeys([*labels, *([how] if how.startswith("eager") else [])]))
 
 
@@ -392,11 +384,7 @@ def run_flex(shape, args, device):
     err = shape.error(outs)
     del outs
 
-    def fn():
-        for c in calls:
-            c()
-
-    us, how = time_us(fn, args.reps, args.warmup, device)
+    us, how = time_calls(calls, args, device)
     note = f"compile {compile_s:.1f} s" + (f"; {how}" if how.startswith("eager") else "")
     return us, err, note
 
@@ -434,7 +422,7 @@ def main():
             parse_shape(s)
         except ValueError as e:
             ap.error(str(e))
-    peers = select_peers(args.peers)
+    peers = select_peers(args.peers, PEERS)
     device = torch.device(args.device)
     seed = args.seed if args.seed is not None else time.time_ns() % (1 << 31)
 
