@@ -13,7 +13,8 @@
 #   PEERS_ARGS="--peers sdpa" passes options to bench/peers.py; PYTEST_ARGS to pytest
 #   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS,
 #   QLEN_T1=0 leaves out the one-column-tile rows); PREFILL_BENCH=1 the prefill table (issue 18:
-#   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS=0 skips the peers)
+#   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS=0 skips the peers);
+#   PREFILL_NCU=1 profiles one prefill kernel with ncu
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
 # in .deps/ (see README "Running on the H200").
@@ -118,6 +119,15 @@ if [ "${PREFILL_BENCH:-0}" = 1 ]; then
     fi
   done
 fi
+# ncu of one prefill kernel (PREFILL_NCU=1; PREFILL_NCU_ARGS to prefill_bench,
+# default bf16 at 8192 tokens): throughput, warp stalls, instruction mix.
+if [ "${PREFILL_NCU:-0}" = 1 ]; then
+  /usr/local/cuda/bin/ncu --graph-profiling node -k regex:paged_prefill_kernel -c 1 --section SpeedOfLight \
+    --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+    --section MemoryWorkloadAnalysis --section SchedulerStats \
+    "$BUILD/bench/prefill_bench" ${PREFILL_NCU_ARGS:---formats bf16 --shapes 8192} >"$OUT/prefill_ncu.txt" 2>&1
+  summary+=("$(printf '%-24s rc %d' "prefill ncu" $?)")
+fi
 # Context-parallel scaling where the machine has several GPUs.
 if [ "${CP_BENCH:-0}" = 1 ] && [ -x "$BUILD/bench/cp_bench" ]; then
   NCCL_DEBUG=WARN "$BUILD/bench/cp_bench" --gpus "$(nvidia-smi -L | wc -l)" 2>&1 | tee "$OUT/cp_bench.log" ||
@@ -146,5 +156,5 @@ printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 # The device tool returns at most 8 files from $OUT (the first 8 by name
 # otherwise: session 6 lost its peers.csv and summary.txt): the tables come
 # back as they are, everything else (logs, JSON, plots) in one archive.
-(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|qlen_table\.md|prefill\.log|hf_generate\.txt|results\.tgz') &&
+(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|qlen_table\.md|prefill\.log|prefill_ncu\.txt|hf_generate\.txt|results\.tgz') &&
   [ -n "$rest" ] && tar czf results.tgz $rest && rm -rf $rest)
