@@ -267,6 +267,13 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   o = {};
   o.num_splits = 3;  // a forced split count keeps the runs kernel
   EXPECT_FALSE(plan_decode(p, gpu_like(1000), o).prefill);
+  // Beyond the grid's y (sequences): the runs kernel, or Unsupported when forced.
+  DecodeProblem many = problem(70000, 8, 4, 4096);
+  many.max_q_len = 512;
+  EXPECT_FALSE(plan_decode(many, gpu_like(1000)).prefill);
+  o = {};
+  o.prefill = DecodePrefill::on;
+  EXPECT_THROW(plan_decode(many, gpu_like(1000), o), Unsupported);
   EXPECT_EQ(decode_prefill_from_string("on"), DecodePrefill::on);
   EXPECT_THROW(decode_prefill_from_string("yes"), InvalidArgument);
 }

@@ -190,7 +190,9 @@ bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t k
   if (!prefill_loads(p, target)) return false;
   if (!p.runs_kernel() || opt.num_splits > 1 || opt.col_tiles > 0 || columns < kPrefillMinRows) return false;
   if (opt.merge != DecodeMerge::automatic && opt.merge != DecodeMerge::single_pass) return false;
-  const int64_t ctas = int64_t(p.num_seqs) * kv_units * ((columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta);
+  const int64_t tiles = (columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta;
+  if (p.num_seqs > kPrefillMaxGridYZ || tiles > kPrefillMaxGridYZ) return false;  // the grid's y and z
+  const int64_t ctas = int64_t(p.num_seqs) * kv_units * tiles;
   return 2 * ctas >= target.num_sms;
 }
 }  // namespace
@@ -249,9 +251,10 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
       break;
   }
   if (plan.prefill) {
-    METRALE_CHECK_ARG(prefill_tiles <= 65535, "max_q_len", p.max_q_len,
-                      "max_q_len * q heads per kv head <= 65535 * 128 (the prefill grid's z)");
-    METRALE_CHECK_ARG(p.num_seqs <= 65535, "num_seqs", p.num_seqs, "<= 65535 for the prefill kernel (its grid's y)");
+    if (prefill_tiles > kPrefillMaxGridYZ)
+      detail::throw_unsupported("prefill", "on", "max_q_len * q heads per kv head <= 65535 * 128 (the grid's z)");
+    if (p.num_seqs > kPrefillMaxGridYZ)
+      detail::throw_unsupported("prefill", "on", "num_seqs <= 65535 (the grid's y)");
     plan.head_tiles = int32_t(prefill_tiles);
     plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
     plan.num_splits = 1;

@@ -135,7 +135,8 @@ kernels::PrefillLaunch prefill_kernels(KvFormat format) {
 // workspace merge).
 void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspace, Stream stream) {
   if (plan.prefill) {
-    METRALE_CHECK_ARG(a.num_seqs <= 65535, "num_seqs", a.num_seqs, "<= 65535 for the prefill kernel (its grid's y)");
+    METRALE_CHECK_ARG(a.num_seqs <= geometry::kPrefillMaxGridYZ, "num_seqs", a.num_seqs,
+                      "<= 65535 for the prefill kernel (its grid's y)");
     const RunParams p = make_params(plan, a, nullptr);
     prefill_kernels(plan.problem.layout.format)(
         p, plan.kernel(), dim3(unsigned(plan.kv_units), unsigned(a.num_seqs), unsigned(plan.head_tiles)), stream);
