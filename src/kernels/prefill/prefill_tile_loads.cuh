@@ -1,7 +1,8 @@
 // The prefill kernel's producer: one warpgroup fills a stage with the K and
 // V tiles of kTileTokens consecutive positions of one kv head, as 16-bit
 // swizzled shared-memory tiles (wgmma.cuh) in the MMA's operand type:
-//   bf16   copied as it is, by cp.async (asynchronous; the caller waits);
+//   bf16   copied as it is, by TMA boxes (the sequence's partial last
+//          16-position group by cp.async);
 //   fp8    16 codes per 16-byte load -> 16 f16 (Fp8Format::unpack16);
 //   nvfp4  32 codes + their two group scales -> 32 f16 (Nvfp4Format::unpack32).
 // The dequantised values are the decode kernel's operands (code, or code *
