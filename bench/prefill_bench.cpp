@@ -8,6 +8,9 @@
 //   ragged8  8 prompts of 512, 1024, ..., 4096 tokens in one batch
 // FLOPs: 4 * head_dim * q heads * sum over query rows of the positions each
 // attends (causal, aligned to the end of its sequence; the window bounds it).
+// --check compares the plan's kernel with the other one (runs kernel with
+// split-K, or the prefill kernel) at these long shapes, which the float64
+// tests cannot reach (exit 1 on a difference over 2e-2 or a NaN).
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -73,6 +76,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"automatic", "off", "on"}));
   app.add_option("--peak-tflops", peak, "dense BF16 tensor-core peak the fractions are of (H100/H200 SXM: 989.4)");
   app.add_option("--json", json_path, "write rows as JSON");
+  bool check_kernels = false;
+  app.add_flag("--check", check_kernels,
+               "also run the other kernel (runs <-> prefill) and compare per (row, head): rel. L2 <= 2e-2, no NaN");
   CLI11_PARSE(app, argc, argv);
   if (!cuda::available()) {
     std::fprintf(stderr, "prefill_bench: no sm_90 GPU here; nothing to measure\n");
@@ -87,6 +93,7 @@ int main(int argc, char** argv) {
   options.prefill = decode_prefill_from_string(prefill);
   const DecodeTarget target = cuda::decode_target();
   nlohmann::json rows = nlohmann::json::array();
+  bool failed = false;
   for (const std::string& fs : bench::split_list(formats)) {
     for (const std::string& sh : bench::split_list(shapes)) {
       const std::vector<Run> runs = parse_shape(sh);
@@ -114,7 +121,15 @@ int main(int argc, char** argv) {
       int32_t* q_start = nullptr;
       const size_t row_elems = size_t(qh) * head_dim;
       cuda_ok(cudaMalloc(&q, size_t(nrows) * row_elems * sizeof(bf16)), "cudaMalloc(q)");
-      cuda_ok(cudaMemset(q, 0x3c, size_t(nrows) * row_elems * sizeof(bf16)), "memset(q)");
+      {  // random q in [-1, 1) (a constant q would make every row's softmax uniform)
+        std::vector<bf16> hq(size_t(nrows) * row_elems);
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (bf16& v : hq) {
+          x = x * 6364136223846793005ull + 1442695040888963407ull;
+          v = codec::float_to_bf16(float(int64_t(x >> 40) - (int64_t(1) << 23)) / float(1 << 23));
+        }
+        cuda_ok(cudaMemcpy(q, hq.data(), hq.size() * sizeof(bf16), cudaMemcpyHostToDevice), "q");
+      }
       cuda_ok(cudaMalloc(&out, size_t(nrows) * row_elems * sizeof(bf16)), "cudaMalloc(out)");
       cuda_ok(cudaMalloc(&q_start, qs.size() * sizeof(int32_t)), "cudaMalloc(q_start)");
       cuda_ok(cudaMemcpy(q_start, qs.data(), qs.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "q_start");
@@ -138,11 +153,33 @@ int main(int argc, char** argv) {
           per_graph);
       const double tflops = prefill_flops(runs, qh, head_dim, window) / (us * 1e6);
       const std::string kernel = plan.prefill ? "prefill" : "runs " + std::to_string(plan.num_splits) + " splits";
-      std::printf("%-6s %-12s %10.1f us %7.1f TFLOPS %6.3f P  %s\n", fs.c_str(), sh.c_str(), us, tflops, tflops / peak,
-                  kernel.c_str());
+      // --check: the other kernel (runs kernel with the planner's splits, or the
+      // prefill kernel forced) on replica 0; the worst rel. L2 per (row, head).
+      std::string check;
+      double check_err = -1;
+      if (check_kernels) {
+        DecodePlanOptions other = options;
+        other.prefill = plan.prefill ? DecodePrefill::off : DecodePrefill::on;
+        const DecodePlan alt = plan_decode(decode_problem(args(0), w.max_seq_len(), max_run), target, other);
+        const size_t n = size_t(nrows) * row_elems;
+        std::vector<bf16> a(n), b(n);
+        cuda::run_attn(plan, args(0), SplitKWorkspace{ws, plan.workspace_bytes, plan.num_splits});
+        cuda_ok(cudaMemcpy(a.data(), out, n * sizeof(bf16), cudaMemcpyDeviceToHost), "download out");
+        float* ws2 = nullptr;
+        cuda_ok(cudaMalloc(&ws2, std::max<size_t>(alt.workspace_bytes, 16)), "cudaMalloc(workspace)");
+        cuda::run_attn(alt, args(0), SplitKWorkspace{ws2, alt.workspace_bytes, alt.num_splits});
+        cuda_ok(cudaMemcpy(b.data(), out, n * sizeof(bf16), cudaMemcpyDeviceToHost), "download out");
+        cudaFree(ws2);
+        check_err = bench::max_rel_l2(a.data(), b.data(), n, head_dim);
+        check = " | vs " + std::string(alt.prefill ? "prefill" : "runs kernel") + ": max rel L2 " +
+                std::to_string(check_err) + (check_err <= 2e-2 ? " ok" : " FAIL");
+      }
+      std::printf("%-6s %-12s %10.1f us %7.1f TFLOPS %6.3f P  %s%s\n", fs.c_str(), sh.c_str(), us, tflops,
+                  tflops / peak, kernel.c_str(), check.c_str());
       std::fflush(stdout);
       rows.push_back({{"format", fs}, {"shape", sh}, {"us", us}, {"tflops", tflops}, {"fraction_of_peak", tflops / peak},
-                      {"kernel", kernel}, {"head_dim", head_dim}, {"heads", heads}});
+                      {"kernel", kernel}, {"head_dim", head_dim}, {"heads", heads}, {"check_max_rel_l2", check_err}});
+      failed = failed || check_err > 2e-2;
       cudaFree(q);
       cudaFree(out);
       cudaFree(q_start);
@@ -156,5 +193,5 @@ int main(int argc, char** argv) {
     j["rows"] = rows;
     std::ofstream(json_path) << j.dump(1) << "\n";
   }
-  return 0;
+  return failed ? 1 : 0;
 }
