@@ -275,3 +275,48 @@ def test_gpu_head_strided_writes_and_saturation_equal_cpu(rng, fmt):
         assert min(cpu.saturated()) > 0
     acc = metrale.bf16_absmax(kt[:, :, -1])
     assert acc.item() == np.abs(ref.bf16_value(k_bits[:, :, -1])).max()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("window", [0, 333])
+def test_gpu_prefill_kernel_long_runs(rng, fmt, window):
+    """Prompts and a chunk over a cached prefix (runs of 300-1200 rows) through the
+    planner's kernel for long runs (the prefill kernel on the GPU): sampled rows
+    against the float64 reference (each row is the decode of its prefix, window
+    per row), every row against the runs kernel (prefill="off", split-K)."""
+    lens = [1200, 1700, 300]
+    runs = [1200, 400, 300]  # two prompts, a chunk of 400 over a 1300-token prefix
+    Hq, Hkv, D = 16, 4, 128
+    b = GpuBatch(rng, fmt, lens=lens, Hq=Hq, Hkv=Hkv, D=D)
+    q_start_np = np.concatenate([[0], np.cumsum(runs)]).astype(np.int32)
+    rows = int(q_start_np[-1])
+    q_np = ref.bf16_bits(rng.standard_normal((rows, Hq, D)))
+    q, q_start = bits_to_torch(q_np), torch.from_numpy(q_start_np).to(DEV)
+    S = len(lens)
+    long_plan = metrale.Planner(S, Hq, b.cache.layout, max(lens), sliding_window=window, device=DEV,
+                                max_q_len=max(runs), num_q_rows=rows)
+    if DEV == "cuda":
+        assert long_plan.plan.prefill, long_plan.plan
+    out = poisoned(rows, Hq, D)
+    long_plan.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, out)
+    runs_plan = metrale.Planner(S, Hq, b.cache.layout, max(lens), sliding_window=window, device=DEV,
+                                max_q_len=max(runs), num_q_rows=rows, prefill="off")
+    assert not runs_plan.plan.prefill
+    other = poisoned(rows, Hq, D)
+    runs_plan.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, other)
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    check(out, other.double(), tol=2e-2)
+    # Sampled rows: row j of sequence i is the decode of the prefix of length L - n + j + 1.
+    for j_frac in (0.0, 0.37, 0.81, 1.0):
+        sample_q = np.empty((S, Hq, D), dtype=np.uint16)
+        prefix = np.empty(S, dtype=np.int32)
+        picked = []
+        for i in range(S):
+            j = min(runs[i] - 1, int(j_frac * (runs[i] - 1)))
+            row = int(q_start_np[i]) + j
+            sample_q[i] = q_np[row]
+            prefix[i] = lens[i] - runs[i] + j + 1
+            picked.append(row)
+        expect = b.reference(q_np=sample_q, seq_lens=prefix, window=window)
+        check(out[picked], expect)
