@@ -21,6 +21,7 @@
 #include "metrale/error.hpp"
 #include "support/device_problem.hpp"
 #include "support/problem.hpp"
+#include "support/runs_problem.hpp"
 #include "testing/reference.hpp"
 
 namespace metrale::test {
@@ -394,6 +395,88 @@ TEST(ContextParallelGpu, RandomizedMatrix) {
     }
     if (HasFailure()) return;
   }
+}
+
+// Query runs over a context sharded in contiguous page ranges (shard views,
+// docs/context_parallel.md 7), CPU backend: every rank attends the whole run
+// over its view, the gathered records merge into the float64 reference's
+// output and into the single-process run's (up to the merge order's
+// rounding), windows and empty ranks included; the views are the rank's
+// positions; an interleaved spec and the CUDA backend say Unsupported.
+TEST(ContextParallel, QueryRunsOverContiguousShards) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 12; ++iter) {
+    DecodeCase c;
+    c.format = std::vector<KvFormat>{KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}[iter % 3];
+    c.head_dim = int32_t(pick(rng, 64, 128));
+    c.num_kv_heads = 2;
+    c.group = int32_t(pick(rng, 1, 4));
+    c.block_size = int32_t(pick(rng, 16, 32));
+    c.sliding_window = int32_t(pick(rng, 0, 0, 50, 300));
+    c.seq_lens = {int32_t(200 + rng() % 900), int32_t(1 + rng() % 60), 0, int32_t(300 + rng() % 500)};
+    const std::vector<int32_t> runs = {int32_t(1 + rng() % 150), int32_t(rng() % 2), 0, c.seq_lens[3]};
+    RunsProblem rp(c, runs, rng());
+    const cp::ShardSpec spec{cp::Sharding::contiguous, int32_t(pick(rng, 2, 3, 4)), int32_t(pick(rng, 0, 0, 5))};
+    const int32_t splits = int32_t(pick(rng, 1, 2));
+    SCOPED_TRACE(c.describe() + " ranks " + std::to_string(spec.num_ranks) + " chunk " +
+                 std::to_string(spec.chunk_pages) + " splits/rank " + std::to_string(splits));
+    std::vector<bf16> single(rp.out_elems());
+    cpu::paged_attn(rp.args(single.data()));
+    const PagedAttnArgs global = rp.args(nullptr);
+    const cp::CpLayout L = cp::run_layout(spec.num_ranks, global, splits);
+    std::vector<float> gathered(L.gathered_floats(), kNaN), merged(L.merged_floats());
+    std::vector<cp::RunShard> shards;
+    for (int32_t r = 0; r < spec.num_ranks; ++r) {
+      shards.push_back(cp::make_run_shard(spec, r, rp.p.block_tables.data(), rp.p.max_blocks_per_seq,
+                                          rp.p.seq_lens.data(), rp.p.num_seqs(), rp.p.layout.block_size));
+      const cp::RunShard& sh = shards.back();
+      const PagedAttnArgs ra = cp::rank_attn_args(global, sh, sh.block_tables.data(), sh.kv_start.data(),
+                                                  sh.kv_lens.data());
+      cpu::paged_attn_splitk(ra, cp::rank_splitk_workspace(L, gathered.data() + r * L.rank_floats()));
+    }
+    // The views tile every sequence's positions in rank order.
+    for (int32_t i = 0; i < rp.p.num_seqs(); ++i) {
+      int32_t covered = 0;
+      for (const cp::RunShard& sh : shards) {
+        if (sh.kv_lens[size_t(i)] == 0) continue;
+        EXPECT_EQ(sh.kv_start[size_t(i)], covered) << "sequence " << i << " rank " << sh.rank;
+        covered += sh.kv_lens[size_t(i)];
+      }
+      EXPECT_EQ(covered, rp.p.seq_lens[size_t(i)]) << "sequence " << i;
+    }
+    std::vector<bf16> out(rp.out_elems());
+    cpu::cp_merge(L, gathered.data(), merged.data(), out.data());
+    expect_runs_match(rp, out, "merged ranks");
+    const Comparison same = compare_decode(out.data(), as_double(single), rp.rows(), rp.p.num_q_heads(),
+                                           rp.p.layout.head_dim);
+    EXPECT_TRUE(same.ok) << "merged vs single process: " << same.report;
+    if (HasFailure()) return;
+  }
+  DecodeCase sc;
+  sc.seq_lens = {40, 5, 0, 20};
+  RunsProblem small(sc, {3, 1, 0, 2}, 7);
+  const cp::ShardSpec inter{cp::Sharding::interleaved, 2, 1};
+  EXPECT_THROW(cp::make_run_shard(inter, 0, small.p.block_tables.data(), small.p.max_blocks_per_seq,
+                                  small.p.seq_lens.data(), small.p.num_seqs(), small.p.layout.block_size),
+               Unsupported);
+  // A bad view: a start off the page grid, a view past its sequence.
+  std::vector<bf16> out(small.out_elems());
+  PagedAttnArgs a = small.args(out.data());
+  std::vector<int32_t> start(size_t(a.num_seqs), 0), lens(size_t(a.num_seqs), 0);
+  a.kv_start = start.data();
+  EXPECT_THROW(cpu::paged_attn(a), InvalidArgument);  // kv_lens missing
+  a.kv_lens = lens.data();
+  start[0] = 3;
+  EXPECT_THROW(cpu::paged_attn(a), InvalidArgument);
+  start[0] = 0;
+  lens[0] = small.p.seq_lens[0] + 1;
+  EXPECT_THROW(cpu::paged_attn(a), InvalidArgument);
+  lens[0] = 0;
+  cpu::paged_attn(a);  // empty views: every output 0
+  for (bf16 x : out) EXPECT_EQ(codec::bf16_to_float(x), 0.0f);
+  if (cuda::available()) EXPECT_THROW(cuda::paged_attn(a), Unsupported);
 }
 
 }  // namespace

@@ -126,6 +126,37 @@ inline SplitKWorkspace rank_splitk_workspace(const CpLayout& L, float* rank_bloc
   return SplitKWorkspace{rank_block, L.splitk_floats() * sizeof(float), L.splits_per_rank};
 }
 
+// ---- Query runs (docs/context_parallel.md 7): a prompt or chunk over a
+// sharded context. With contiguous sharding a rank holds the positions of
+// its pages, [kv_start, kv_start + kv_lens), as a shard view
+// (PagedAttnArgs::kv_start / kv_lens): every rank attends the whole run
+// over its view (the causal rule and the window stay global, so no edge
+// pass), and the records merge as the decode's do, query rows in the place
+// of sequences (run_layout). The CPU backend serves shard views today.
+struct RunShard {
+  int32_t rank = 0;
+  int32_t num_seqs = 0;
+  int32_t max_blocks_per_seq = 1;     // row width of block_tables (>= 1)
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq]: the rank's pages from entry 0; unused -1
+  std::vector<int32_t> kv_start;      // [num_seqs] first global position of the rank's pages (0 when none)
+  std::vector<int32_t> kv_lens;       // [num_seqs] positions the rank holds
+};
+
+// Rank `rank`'s view of each sequence (spec.kind must be contiguous: an
+// interleaved shard is not one range of positions; Unsupported).
+RunShard make_run_shard(const ShardSpec& spec, int32_t rank, const int32_t* block_tables, int32_t max_blocks_per_seq,
+                        const int32_t* seq_lens, int32_t num_seqs, int32_t block_size);
+
+// The rank's PagedAttnArgs: `global` (q, q_start, heads, the window, the
+// RANK'S cache view, out) with the shard's tables and view (pointers to
+// the copies in the rank's memory).
+PagedAttnArgs rank_attn_args(const PagedAttnArgs& global, const RunShard& shard, const int32_t* block_tables,
+                             const int32_t* kv_start, const int32_t* kv_lens);
+
+// The exchange's layout for query runs: CpLayout with one "sequence" per
+// query row, no edge records.
+CpLayout run_layout(int32_t num_ranks, const PagedAttnArgs& args, int32_t splits_per_rank);
+
 }  // namespace metrale::cp
 
 namespace metrale::cpu {

@@ -98,6 +98,15 @@ struct PagedAttnArgs {
                                          // positions (without the sink), -inf where none
   int32_t max_q_len = 0;                 // an upper bound of every run (the forced entry points' grid);
                                          // 0: the block table's capacity
+  // Optional, both or neither: a shard view of each sequence's context
+  // (context-parallel query runs, docs/context_parallel.md 7). Sequence i's
+  // block-table row then lists the pages of global positions [kv_start[i],
+  // kv_start[i] + kv_lens[i]) from entry 0 (kv_start[i] a multiple of
+  // block_size); seq_lens[i] stays the global length (the causal rule is
+  // unchanged) and each row attends what of its range lies in the view.
+  // CPU backend only for now: the CUDA entry points throw Unsupported.
+  const int32_t* kv_start = nullptr;     // [num_seqs]
+  const int32_t* kv_lens = nullptr;      // [num_seqs], kv_start[i] + kv_lens[i] <= seq_lens[i]
 };
 
 // A decode call as query runs of one row each.
@@ -129,6 +138,13 @@ METRALE_HD QueryRange query_range(int32_t seq_len, int32_t run_len, int32_t j, i
   const int32_t end = seq_len - run_len + j + 1;
   const int32_t begin = sliding_window > 0 && end > sliding_window ? end - sliding_window : 0;
   return QueryRange{begin, end};
+}
+// A row's range inside a shard view of positions [view_start, view_start +
+// view_len), in the view's own positions (0 = view_start); {0, 0} if empty.
+METRALE_HD QueryRange view_range(QueryRange r, int32_t view_start, int32_t view_len) {
+  const int32_t b = r.begin > view_start ? r.begin - view_start : 0;
+  const int32_t e = r.end - view_start < view_len ? r.end - view_start : view_len;
+  return e > b ? QueryRange{b, e} : QueryRange{0, 0};
 }
 
 // Split-K state (SYSTEM.md 4): f32 records of D + 2 floats, record index

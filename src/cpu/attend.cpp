@@ -36,6 +36,7 @@ DecodeContext::DecodeContext(const PagedAttnArgs& args)
       v_out_scale(kv_format_desc(args.cache.layout.format).v_scale(args.cache.scales)) {}
 
 int32_t DecodeContext::seq_len(int32_t seq) const {
+  if (a.kv_start != nullptr) return std::max(a.seq_lens[seq], 0);  // the view's length is kv_lens (validated)
   return int32_t(std::min<int64_t>(std::max(a.seq_lens[seq], 0), int64_t(a.max_blocks_per_seq) * block_size));
 }
 
@@ -46,15 +47,28 @@ int32_t DecodeContext::run_len(int32_t seq) const {
 
 DecodeContext::SeqRange DecodeContext::query(int32_t seq, int32_t j) const {
   const int32_t len = seq_len(seq);
-  const QueryRange q = query_range(len, std::max(run_len(seq), 1), j, a.sliding_window);
+  QueryRange q = query_range(len, std::max(run_len(seq), 1), j, a.sliding_window);
+  if (a.kv_start != nullptr) q = view_range(q, a.kv_start[seq], a.kv_lens[seq]);  // the shard's own positions
   const int32_t pos_end = std::max(q.end, 0);
   const int32_t pos_begin = std::min(q.begin, pos_end);
   return SeqRange{PageRange{pos_begin / block_size, (pos_end + block_size - 1) / block_size}, pos_begin, pos_end};
 }
 
 PageRange DecodeContext::run_pages(int32_t seq) const {
-  const PageRange first = query(seq, 0).pages, last = query(seq, std::max(run_len(seq), 1) - 1).pages;
-  return PageRange{first.first, last.end};
+  const int32_t n = std::max(run_len(seq), 1);
+  if (a.kv_start == nullptr) {  // ranges grow with the row: the first row's start, the last row's end
+    const PageRange first = query(seq, 0).pages, last = query(seq, n - 1).pages;
+    return PageRange{first.first, last.end};
+  }
+  // In a shard view a window can leave the last rows nothing while earlier
+  // rows attend the view's end: the union of the rows' non-empty ranges.
+  PageRange r{0, 0};
+  for (int32_t j = 0; j < n; ++j) {
+    const SeqRange q = query(seq, j);
+    if (q.pos_end <= q.pos_begin) continue;
+    r = r.end == 0 ? q.pages : PageRange{std::min(r.first, q.pages.first), std::max(r.end, q.pages.end)};
+  }
+  return r;
 }
 
 void GroupState::reset(int32_t group, int32_t head_dim, int32_t block_size) {

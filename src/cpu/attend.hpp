@@ -22,8 +22,9 @@ struct DecodeContext {
 
   // Sequence `seq`'s length, clamped to its block-table row (a length past
   // the row's capacity attends only to the positions the row holds; a
-  // negative one counts as 0), its query run (first row, rows: clamped to
-  // [0, length]; one row without q_start).
+  // negative one counts as 0; with a shard view the global length, the view
+  // being kv_lens), its query run (first row, rows: clamped to [0, length];
+  // one row without q_start).
   int32_t seq_len(int32_t seq) const;
   int32_t first_row(int32_t seq) const { return a.q_start ? a.q_start[seq] : seq; }
   int32_t run_len(int32_t seq) const;
@@ -33,7 +34,8 @@ struct DecodeContext {
     PageRange pages;
     int32_t pos_begin, pos_end;
   };
-  // What query row j of sequence `seq` attends to.
+  // What query row j of sequence `seq` attends to (with a shard view: in
+  // the view's positions and pages).
   SeqRange query(int32_t seq, int32_t j) const;
   // The pages any row of the run attends to: the range split-K cuts.
   PageRange run_pages(int32_t seq) const;

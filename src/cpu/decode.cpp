@@ -154,6 +154,7 @@ void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWork
 void paged_attn(const PagedAttnArgs& args) {
   metrale::detail::validate_attn(args);
   metrale::detail::validate_query_runs(args);
+  metrale::detail::validate_kv_view(args);
   if (args.num_seqs == 0) return;
   attn_single(args);
 }
@@ -161,6 +162,7 @@ void paged_attn(const PagedAttnArgs& args) {
 void paged_attn_splitk(const PagedAttnArgs& args, const SplitKWorkspace& ws) {
   metrale::detail::validate_attn(args, /*writes_out=*/false);
   metrale::detail::validate_query_runs(args);
+  metrale::detail::validate_kv_view(args);
   metrale::detail::validate_workspace(args, ws);
   if (args.num_seqs == 0) return;
   attn_splitk(args, ws.num_splits, ws.data);
@@ -169,6 +171,7 @@ void paged_attn_splitk(const PagedAttnArgs& args, const SplitKWorkspace& ws) {
 void run_attn(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws) {
   metrale::detail::validate_run(plan, args, ws);
   metrale::detail::validate_query_runs(args);
+  metrale::detail::validate_kv_view(args);
   run_plan(plan, args, ws);
 }
 

@@ -126,6 +126,24 @@ void validate_query_runs(const PagedAttnArgs& a) {
                     "num_q_rows = " + std::to_string(a.num_q_rows));
 }
 
+void validate_kv_view(const PagedAttnArgs& a) {
+  if ((a.kv_start == nullptr) != (a.kv_lens == nullptr))
+    throw_invalid(a.kv_start ? "kv_lens" : "kv_start", "nullptr", "given with kv_start and kv_lens both (a shard view)");
+  if (a.kv_start == nullptr) return;
+  const int32_t B = a.cache.layout.block_size;
+  const int64_t capacity = int64_t(a.max_blocks_per_seq) * B;
+  for (int32_t i = 0; i < a.num_seqs; ++i) {
+    const std::string at = "[" + std::to_string(i) + "]";
+    if (a.kv_start[i] < 0 || a.kv_start[i] % B != 0)
+      throw_invalid("kv_start", "kv_start" + at + " = " + std::to_string(a.kv_start[i]),
+                    "a non-negative multiple of block_size = " + std::to_string(B));
+    if (a.kv_lens[i] < 0 || a.kv_lens[i] > capacity || int64_t(a.kv_start[i]) + a.kv_lens[i] > a.seq_lens[i])
+      throw_invalid("kv_lens", "kv_lens" + at + " = " + std::to_string(a.kv_lens[i]),
+                    "0..min(max_blocks_per_seq*block_size = " + std::to_string(capacity) + ", seq_lens" + at +
+                        " - kv_start" + at + ")");
+  }
+}
+
 void validate_workspace(const PagedAttnArgs& a, const SplitKWorkspace& ws) {
   METRALE_CHECK_ARG(ws.num_splits >= 1 && ws.num_splits <= kMaxSplits, "num_splits", ws.num_splits,
                     "1.." + std::to_string(kMaxSplits));

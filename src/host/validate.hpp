@@ -20,6 +20,9 @@ void validate_decode(const DecodeArgs& args, bool writes_out = true);
 // non-decreasing, q_start[num_seqs] = num_q_rows, every run no longer than
 // its sequence, no NaN sink.
 void validate_query_runs(const PagedAttnArgs& args);
+// The shard view (kv_start, kv_lens) on host copies: both or neither, starts
+// page-aligned, each view inside its sequence and block-table row.
+void validate_kv_view(const PagedAttnArgs& args);
 void validate_workspace(const PagedAttnArgs& args, const SplitKWorkspace& ws);
 void validate_reduce(const ReduceArgs& args);
 // run_decode's arguments: `args` as validate_decode, the plan made for

@@ -130,6 +130,73 @@ void CpLayout::validate() const {
                     "<= kMaxSplits = " + std::to_string(kMaxSplits) + " (the reduce's limit)");
 }
 
+RunShard make_run_shard(const ShardSpec& spec, int32_t rank, const int32_t* block_tables, int32_t max_blocks_per_seq,
+                        const int32_t* seq_lens, int32_t num_seqs, int32_t block_size) {
+  validate_spec(spec);
+  if (spec.kind != Sharding::contiguous)
+    detail::throw_unsupported("spec.kind", "interleaved", "contiguous sharding for query runs (one range of positions)");
+  METRALE_CHECK_ARG(rank >= 0 && rank < spec.num_ranks, "rank", rank,
+                    "in [0, num_ranks = " + std::to_string(spec.num_ranks) + ")");
+  METRALE_CHECK_ARG(num_seqs >= 0, "num_seqs", num_seqs, ">= 0");
+  METRALE_CHECK_ARG(block_size >= 1, "block_size", block_size, ">= 1");
+  METRALE_CHECK_ARG(num_seqs == 0 || (block_tables && seq_lens), "block_tables/seq_lens", "null",
+                    "host arrays when num_seqs > 0");
+  const int32_t B = block_size;
+  RunShard s;
+  s.rank = rank;
+  s.num_seqs = num_seqs;
+  s.kv_start.assign(size_t(num_seqs), 0);
+  s.kv_lens.assign(size_t(num_seqs), 0);
+  std::vector<std::vector<int32_t>> rows(static_cast<size_t>(num_seqs));
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const int32_t L = seq_lens[i];
+    METRALE_CHECK_ARG(L >= 0 && int64_t(L) <= int64_t(max_blocks_per_seq) * B, "seq_lens[i]", L,
+                      "in [0, max_blocks_per_seq * block_size] (sequence " + std::to_string(i) + ")");
+    const int32_t n = (L + B - 1) / B;
+    const int32_t* row = block_tables + int64_t(i) * max_blocks_per_seq;
+    int32_t first = -1, end = -1;  // the rank's pages: one contiguous range
+    for (int32_t p = 0; p < n; ++p)
+      if (owner_of_page(spec, p, n) == rank) {
+        if (first < 0) first = p;
+        end = p + 1;
+        rows[size_t(i)].push_back(row[p]);
+      }
+    if (first < 0) continue;
+    s.kv_start[size_t(i)] = first * B;
+    s.kv_lens[size_t(i)] = std::min(L, end * B) - first * B;
+  }
+  for (const auto& r : rows) s.max_blocks_per_seq = std::max<int32_t>(s.max_blocks_per_seq, int32_t(r.size()));
+  s.block_tables.assign(size_t(num_seqs) * s.max_blocks_per_seq, -1);
+  for (int32_t i = 0; i < num_seqs; ++i)
+    std::copy(rows[size_t(i)].begin(), rows[size_t(i)].end(),
+              s.block_tables.begin() + int64_t(i) * s.max_blocks_per_seq);
+  return s;
+}
+
+PagedAttnArgs rank_attn_args(const PagedAttnArgs& global, const RunShard& shard, const int32_t* block_tables,
+                             const int32_t* kv_start, const int32_t* kv_lens) {
+  METRALE_CHECK_ARG(shard.num_seqs == global.num_seqs, "shard.num_seqs", shard.num_seqs,
+                    "the batch's num_seqs = " + std::to_string(global.num_seqs));
+  PagedAttnArgs a = global;
+  a.block_tables = block_tables;
+  a.max_blocks_per_seq = shard.max_blocks_per_seq;
+  a.kv_start = kv_start;
+  a.kv_lens = kv_lens;
+  return a;
+}
+
+CpLayout run_layout(int32_t num_ranks, const PagedAttnArgs& args, int32_t splits_per_rank) {
+  CpLayout L;
+  L.num_ranks = num_ranks;
+  L.num_seqs = args.num_q_rows;
+  L.num_q_heads = args.num_q_heads;
+  L.head_dim = args.cache.layout.head_dim;
+  L.splits_per_rank = splits_per_rank;
+  L.has_edge = false;
+  L.validate();
+  return L;
+}
+
 CpLayout make_layout(int32_t num_ranks, const DecodeArgs& args, int32_t splits_per_rank, bool has_edge) {
   CpLayout L;
   L.num_ranks = num_ranks;

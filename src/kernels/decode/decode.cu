@@ -47,14 +47,14 @@ int32_t num_sms(int32_t dev) {
   return n;
 }
 
-// What this backend adds to validate_decode, before any CUDA call: the
-// kernel addresses bytes inside a page with 32-bit offsets (the NVFP4 scale
-// section starts data_section_bytes in, which the layout leaves open).
 // What this backend adds to the validation, before any CUDA call: the
 // kernel addresses bytes inside a page with 32-bit offsets (the NVFP4 scale
 // section starts data_section_bytes in, which the layout leaves open); a
 // plan whose kernel serves the arguments' options.
 void validate_addressable(const PagedAttnArgs& a) {
+  if (a.kv_start != nullptr || a.kv_lens != nullptr)
+    detail::throw_unsupported("kv_start", "a shard view",
+                              "none on the CUDA backend yet (the CPU backend serves context-parallel query runs)");
   const KvCacheLayout& L = a.cache.layout;
   METRALE_CHECK_ARG(L.data_section_bytes < (int64_t(1) << 30), "layout.data_section_bytes", L.data_section_bytes,
                     "< 2^30 on the CUDA backend (32-bit offsets inside a page)");
