@@ -198,12 +198,7 @@ CpLayout run_layout(int32_t num_ranks, const PagedAttnArgs& args, int32_t splits
 }
 
 CpLayout make_layout(int32_t num_ranks, const DecodeArgs& args, int32_t splits_per_rank, bool has_edge) {
-  CpLayout L;
-  L.num_ranks = num_ranks;
-  L.num_seqs = args.num_seqs;
-  L.num_q_heads = args.num_q_heads;
-  L.head_dim = args.cache.layout.head_dim;
-  L.splits_per_rank = splits_per_rank;
+  CpLayout L = run_layout(num_ranks, attn_args(args), splits_per_rank);  // decode: a row per sequence
   L.has_edge = has_edge;
   L.validate();
   return L;
