@@ -175,16 +175,16 @@ int32_t runs_col_tiles_for(const DecodeProblem& p, const DecodeTarget& target, i
   return tiles;
 }
 
-// Query runs take the prefill kernel where a kv head has at least
-// kPrefillMinRows packed rows and its grid (one CTA per 128 rows, single
-// pass) fills half the GPU's SMs (one CTA per SM); fewer CTAs over a long
-// context leave the SMs idle that the runs kernel's splits would fill.
-// Forced split counts or column tiles keep the runs kernel.
 // The prefill kernel's K/V loads: TMA boxes for bf16 (the decode kernel's
 // tensor maps), registers for the dequantising formats.
 bool prefill_loads(const DecodeProblem& p, const DecodeTarget& target) {
   return p.layout.format != KvFormat::bf16 || target.tma;
 }
+// Query runs take the prefill kernel where a kv head has at least
+// kPrefillMinRows packed rows and its grid (one CTA per 128 rows, single
+// pass) fills half the GPU's SMs (one CTA per SM); fewer CTAs over a long
+// context leave the SMs idle that the runs kernel's splits would fill.
+// Forced split counts, column tiles or a split-K merge keep the runs kernel.
 bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t kv_units, int64_t columns,
                    const DecodePlanOptions& opt) {
   if (!prefill_loads(p, target)) return false;
