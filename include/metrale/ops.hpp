@@ -141,6 +141,9 @@ METRALE_HD QueryRange query_range(int32_t seq_len, int32_t run_len, int32_t j, i
 }
 // A row's range inside a shard view of positions [view_start, view_start +
 // view_len), in the view's own positions (0 = view_start); {0, 0} if empty.
+// The span of a whole run is view_range of [first row's begin, last row's
+// end): every row's range lies inside it (ranges grow with the row), though
+// a window can leave rows at its ends nothing.
 METRALE_HD QueryRange view_range(QueryRange r, int32_t view_start, int32_t view_len) {
   const int32_t b = r.begin > view_start ? r.begin - view_start : 0;
   const int32_t e = r.end - view_start < view_len ? r.end - view_start : view_len;

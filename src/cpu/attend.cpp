@@ -55,20 +55,15 @@ DecodeContext::SeqRange DecodeContext::query(int32_t seq, int32_t j) const {
 }
 
 PageRange DecodeContext::run_pages(int32_t seq) const {
-  const int32_t n = std::max(run_len(seq), 1);
-  if (a.kv_start == nullptr) {  // ranges grow with the row: the first row's start, the last row's end
-    const PageRange first = query(seq, 0).pages, last = query(seq, n - 1).pages;
-    return PageRange{first.first, last.end};
-  }
-  // In a shard view a window can leave the last rows nothing while earlier
-  // rows attend the view's end: the union of the rows' non-empty ranges.
-  PageRange r{0, 0};
-  for (int32_t j = 0; j < n; ++j) {
-    const SeqRange q = query(seq, j);
-    if (q.pos_end <= q.pos_begin) continue;
-    r = r.end == 0 ? q.pages : PageRange{std::min(r.first, q.pages.first), std::max(r.end, q.pages.end)};
-  }
-  return r;
+  // Ranges grow with the row: from the first row's start to the last row's
+  // end (in a shard view that span clipped to it, not the clipped rows'
+  // ends: a window can leave the last rows nothing while earlier rows
+  // attend the view's end).
+  const int32_t len = seq_len(seq), n = std::max(run_len(seq), 1);
+  QueryRange span{query_range(len, n, 0, a.sliding_window).begin, query_range(len, n, n - 1, a.sliding_window).end};
+  if (a.kv_start != nullptr) span = view_range(span, a.kv_start[seq], a.kv_lens[seq]);
+  const int32_t end = std::max(span.end, 0), begin = std::min(span.begin, end);
+  return PageRange{begin / block_size, (end + block_size - 1) / block_size};
 }
 
 void GroupState::reset(int32_t group, int32_t head_dim, int32_t block_size) {
