@@ -214,12 +214,7 @@ int main(int argc, char** argv) {
         cuda_ok(cudaMalloc(&q_start, qs.size() * sizeof(int32_t)), "cudaMalloc(q_start)");
         cuda_ok(cudaMemcpy(q_start, qs.data(), qs.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "q_start");
         auto runs_args = [&](int replica) {
-          PagedAttnArgs a = attn_args(w.args(replica, rout));
-          a.q = q;
-          a.q_stride = int64_t(qh) * head_dim;
-          a.q_start = q_start;
-          a.num_q_rows = nrows;
-          return a;
+          return w.runs_args(replica, rout, q, int64_t(qh) * head_dim, q_start, nrows);
         };
         const DecodePlan rplan = plan_decode(decode_problem(runs_args(0), w.max_seq_len(), q_len), target, options);
         float* rws = nullptr;

@@ -121,26 +121,12 @@ int main(int argc, char** argv) {
       int32_t* q_start = nullptr;
       const size_t row_elems = size_t(qh) * head_dim;
       cuda_ok(cudaMalloc(&q, size_t(nrows) * row_elems * sizeof(bf16)), "cudaMalloc(q)");
-      {  // random q in [-1, 1) (a constant q would make every row's softmax uniform)
-        std::vector<bf16> hq(size_t(nrows) * row_elems);
-        uint64_t x = 0x9e3779b97f4a7c15ull;
-        for (bf16& v : hq) {
-          x = x * 6364136223846793005ull + 1442695040888963407ull;
-          v = codec::float_to_bf16(float(int64_t(x >> 40) - (int64_t(1) << 23)) / float(1 << 23));
-        }
-        cuda_ok(cudaMemcpy(q, hq.data(), hq.size() * sizeof(bf16), cudaMemcpyHostToDevice), "q");
-      }
+      // Random q: a constant one would make every row's softmax uniform.
+      bench::random_bf16(q, int64_t(nrows) * int64_t(row_elems), int32_t(row_elems), 4321);
       cuda_ok(cudaMalloc(&out, size_t(nrows) * row_elems * sizeof(bf16)), "cudaMalloc(out)");
       cuda_ok(cudaMalloc(&q_start, qs.size() * sizeof(int32_t)), "cudaMalloc(q_start)");
       cuda_ok(cudaMemcpy(q_start, qs.data(), qs.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "q_start");
-      auto args = [&](int replica) {
-        PagedAttnArgs a = attn_args(w.args(replica, out));
-        a.q = q;
-        a.q_stride = int64_t(row_elems);
-        a.q_start = q_start;
-        a.num_q_rows = nrows;
-        return a;
-      };
+      auto args = [&](int replica) { return w.runs_args(replica, out, q, int64_t(row_elems), q_start, nrows); };
       const DecodePlan plan = plan_decode(decode_problem(args(0), w.max_seq_len(), max_run), target, options);
       float* ws = nullptr;
       cuda_ok(cudaMalloc(&ws, std::max<size_t>(plan.workspace_bytes, 16)), "cudaMalloc(workspace)");

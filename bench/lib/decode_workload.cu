@@ -142,6 +142,21 @@ DecodeWorkload::DecodeWorkload(const DecodeShape& s, size_t min_rotation_bytes, 
   cudaFree(absmax);
 }
 
+void random_bf16(bf16* device, int64_t n, int32_t row_len, uint64_t seed) {
+  random_rows<<<1024, 256>>>(device, n, row_len, seed, false);
+  test::cuda_check(cudaGetLastError(), "random_rows");
+}
+
+PagedAttnArgs DecodeWorkload::runs_args(int replica, bf16* out, const bf16* q, int64_t q_stride,
+                                        const int32_t* q_start, int32_t num_q_rows) const {
+  PagedAttnArgs a = attn_args(args(replica, out));
+  a.q = q;
+  a.q_stride = q_stride;
+  a.q_start = q_start;
+  a.num_q_rows = num_q_rows;
+  return a;
+}
+
 DecodeWorkload::~DecodeWorkload() {
   cudaFree(q_);
   cudaFree(seq_lens_);

@@ -34,6 +34,10 @@ struct DecodeShape {
   std::string name() const;      // e.g. "bf16 64x4096 32/8 d128"
 };
 
+// Roughly normal bf16 values (the workload's own q and V generator) into
+// `n` elements of device memory, rows of `row_len`.
+void random_bf16(bf16* device, int64_t n, int32_t row_len, uint64_t seed);
+
 class DecodeWorkload {
  public:
   // `min_rotation_bytes`: the replicas together hold at least this many
@@ -47,6 +51,10 @@ class DecodeWorkload {
   int replicas() const { return int(caches_.size()); }
   // Device arguments of replica r; `out` is a device [num_seqs, q_heads, D] bf16 buffer.
   DecodeArgs args(int replica, bf16* out) const;
+  // The same cache as query runs: rows q_start[i] .. q_start[i+1] of `q`
+  // (device, q_stride elements per row) for sequence i, `out` [num_q_rows, q_heads, D].
+  PagedAttnArgs runs_args(int replica, bf16* out, const bf16* q, int64_t q_stride, const int32_t* q_start,
+                          int32_t num_q_rows) const;
   // Bytes of K, V and scales in the attended range of one replica.
   double attended_bytes() const;
   int32_t max_seq_len() const;

@@ -25,6 +25,18 @@ void validate_spec(const ShardSpec& spec) {
   METRALE_CHECK_ARG(spec.kind == Sharding::contiguous || spec.kind == Sharding::interleaved, "spec.kind",
                     int(spec.kind), "contiguous (0) or interleaved (1)");
 }
+// What every rank's shard is made from: the spec, the rank, the global tables.
+void validate_shard_inputs(const ShardSpec& spec, int32_t rank, const int32_t* block_tables, int32_t max_blocks_per_seq,
+                           const int32_t* seq_lens, int32_t num_seqs, int32_t block_size) {
+  validate_spec(spec);
+  METRALE_CHECK_ARG(rank >= 0 && rank < spec.num_ranks, "rank", rank,
+                    "in [0, num_ranks = " + std::to_string(spec.num_ranks) + ")");
+  METRALE_CHECK_ARG(num_seqs >= 0, "num_seqs", num_seqs, ">= 0");
+  METRALE_CHECK_ARG(block_size >= 1, "block_size", block_size, ">= 1");
+  METRALE_CHECK_ARG(max_blocks_per_seq >= 0, "max_blocks_per_seq", max_blocks_per_seq, ">= 0");
+  METRALE_CHECK_ARG(num_seqs == 0 || (block_tables && seq_lens), "block_tables/seq_lens", "null",
+                    "host arrays when num_seqs > 0");
+}
 }  // namespace
 
 int32_t owner_of_page(const ShardSpec& spec, int32_t page, int32_t num_pages) {
@@ -42,15 +54,8 @@ int32_t owner_of_page(const ShardSpec& spec, int32_t page, int32_t num_pages) {
 RankShard make_rank_shard(const ShardSpec& spec, int32_t rank, const int32_t* block_tables,
                           int32_t max_blocks_per_seq, const int32_t* seq_lens, int32_t num_seqs, int32_t block_size,
                           int32_t sliding_window) {
-  validate_spec(spec);
-  METRALE_CHECK_ARG(rank >= 0 && rank < spec.num_ranks, "rank", rank,
-                    "in [0, num_ranks = " + std::to_string(spec.num_ranks) + ")");
-  METRALE_CHECK_ARG(num_seqs >= 0, "num_seqs", num_seqs, ">= 0");
-  METRALE_CHECK_ARG(block_size >= 1, "block_size", block_size, ">= 1");
-  METRALE_CHECK_ARG(max_blocks_per_seq >= 0, "max_blocks_per_seq", max_blocks_per_seq, ">= 0");
+  validate_shard_inputs(spec, rank, block_tables, max_blocks_per_seq, seq_lens, num_seqs, block_size);
   METRALE_CHECK_ARG(sliding_window >= 0, "sliding_window", sliding_window, ">= 0 (0 = off)");
-  METRALE_CHECK_ARG(num_seqs == 0 || (block_tables && seq_lens), "block_tables/seq_lens", "null",
-                    "host arrays when num_seqs > 0");
   const int32_t B = block_size;
   RankShard s;
   s.rank = rank;
@@ -132,15 +137,9 @@ void CpLayout::validate() const {
 
 RunShard make_run_shard(const ShardSpec& spec, int32_t rank, const int32_t* block_tables, int32_t max_blocks_per_seq,
                         const int32_t* seq_lens, int32_t num_seqs, int32_t block_size) {
-  validate_spec(spec);
+  validate_shard_inputs(spec, rank, block_tables, max_blocks_per_seq, seq_lens, num_seqs, block_size);
   if (spec.kind != Sharding::contiguous)
     detail::throw_unsupported("spec.kind", "interleaved", "contiguous sharding for query runs (one range of positions)");
-  METRALE_CHECK_ARG(rank >= 0 && rank < spec.num_ranks, "rank", rank,
-                    "in [0, num_ranks = " + std::to_string(spec.num_ranks) + ")");
-  METRALE_CHECK_ARG(num_seqs >= 0, "num_seqs", num_seqs, ">= 0");
-  METRALE_CHECK_ARG(block_size >= 1, "block_size", block_size, ">= 1");
-  METRALE_CHECK_ARG(num_seqs == 0 || (block_tables && seq_lens), "block_tables/seq_lens", "null",
-                    "host arrays when num_seqs > 0");
   const int32_t B = block_size;
   RunShard s;
   s.rank = rank;

@@ -186,11 +186,10 @@ bool prefill_loads(const DecodeProblem& p, const DecodeTarget& target) {
 // context leave the SMs idle that the runs kernel's splits would fill.
 // Forced split counts, column tiles or a split-K merge keep the runs kernel.
 bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t kv_units, int64_t columns,
-                   const DecodePlanOptions& opt) {
+                   int64_t tiles, const DecodePlanOptions& opt) {
   if (!prefill_loads(p, target)) return false;
   if (!p.runs_kernel() || opt.num_splits > 1 || opt.col_tiles > 0 || columns < kPrefillMinRows) return false;
   if (opt.merge != DecodeMerge::automatic && opt.merge != DecodeMerge::single_pass) return false;
-  const int64_t tiles = (columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta;
   if (p.num_seqs > kPrefillMaxGridYZ || tiles > kPrefillMaxGridYZ) return false;  // the grid's y and z
   const int64_t ctas = int64_t(p.num_seqs) * kv_units * tiles;
   return 2 * ctas >= target.num_sms;
@@ -238,7 +237,7 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   const int64_t prefill_tiles = (columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta;
   switch (opt.prefill) {
     case DecodePrefill::automatic:
-      plan.prefill = prefill_takes(p, target, plan.kv_units, columns, opt);
+      plan.prefill = prefill_takes(p, target, plan.kv_units, columns, prefill_tiles, opt);
       break;
     case DecodePrefill::off: plan.prefill = false; break;
     case DecodePrefill::on:
