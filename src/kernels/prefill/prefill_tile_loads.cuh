@@ -80,10 +80,18 @@ struct PrefillTileLoader<Bf16Format, D> {
                                               uint32_t v_tile, uint32_t full, int pt) {
     const int whole = min(kGroups, max(0, (rows.seq_len - p0) / 16));  // groups inside the sequence
     if (pt == 0) {
+      // The groups' page ids, all loads in flight at once (one after each
+      // box's issue cost a load latency per group: ncu showed the consumers
+      // waiting on the stages).
+      int32_t pages[kGroups];
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) pages[g] = g < whole ? __ldg(rows.table + (p0 + 16 * g) / rows.block_size) : 0;
       wg::mbar_expect_tx(full, uint32_t(whole * kChunks * 2048 * 2));
-      for (int g = 0; g < whole; ++g) {
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        if (g >= whole) break;
         const int32_t pos = p0 + 16 * g;
-        const int32_t page = __ldg(rows.table + pos / rows.block_size);
+        const int32_t page = pages[g];
         const int32_t tok = pos % rows.block_size;
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
