@@ -124,9 +124,15 @@ fi
 if [ "${PREFILL_NCU:-0}" = 1 ]; then
   /usr/local/cuda/bin/ncu --graph-profiling node -k regex:paged_prefill_kernel -c 1 --section SpeedOfLight \
     --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
-    --section MemoryWorkloadAnalysis --section SchedulerStats \
-    "$BUILD/bench/prefill_bench" ${PREFILL_NCU_ARGS:---formats bf16 --shapes 8192} >"$OUT/prefill_ncu.txt" 2>&1
+    --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters -f -o "$OUT/prefill_ncu" \
+    "$BUILD/bench/prefill_bench" ${PREFILL_NCU_ARGS:---formats bf16 --shapes 8192} >"$OUT/prefill_ncu.log" 2>&1
   summary+=("$(printf '%-24s rc %d' "prefill ncu" $?)")
+  /usr/local/cuda/bin/ncu -i "$OUT/prefill_ncu.ncu-rep" --page details >"$OUT/prefill_ncu.txt" 2>&1
+  # Per SASS instruction: executions and warp-stall samples by reason.
+  /usr/local/cuda/bin/ncu -i "$OUT/prefill_ncu.ncu-rep" --page source --csv --print-source sass \
+    >"$OUT/prefill_ncu_sass.csv" 2>&1
+  gzip -f "$OUT/prefill_ncu_sass.csv"
+  rm -f "$OUT/prefill_ncu.ncu-rep"
 fi
 # Context-parallel scaling where the machine has several GPUs.
 if [ "${CP_BENCH:-0}" = 1 ] && [ -x "$BUILD/bench/cp_bench" ]; then

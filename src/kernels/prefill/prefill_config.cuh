@@ -24,14 +24,14 @@ struct PrefillConfig {
   // kv tokens per tile: the N of S = Q K^T, the K of O += P V. head_dim 256
   // halves it to keep O (128 registers) and S in a consumer's budget.
   static constexpr int kTileTokens = D <= 128 ? 128 : 64;
-  // kOverlap (bf16 at head_dim <= 128): a consumer issues tile t's PV with
-  // tile t + 1's QK and holds two stages at once, so the ring has three;
-  // it needs 232 registers (O, two S tiles in turn, two P tiles). The
-  // dequantising formats keep a producer of 88 registers (a tile's raw
-  // codes in flight at once: with fewer, in passes, it was latency-bound)
-  // and run their MMAs and softmax in turn with two stages, as head_dim 256
-  // does (O alone is 128 registers).
-  static constexpr bool kOverlap = Fmt::kBits == 16 && D <= 128;
+  // kOverlap (head_dim <= 128): a consumer issues tile t's PV with tile
+  // t + 1's QK and holds two stages at once, so the ring has three. It
+  // holds O, S and one P fragment tile (160 registers at head_dim 128). At
+  // head_dim 256 O alone is 128 registers: MMAs and softmax run in turn
+  // with two stages. The dequantising formats keep a producer of 88
+  // registers (a tile's raw codes in flight at once: with fewer, in passes,
+  // it was latency-bound).
+  static constexpr bool kOverlap = D <= 128;
   static constexpr int kStages = kOverlap ? 3 : 2;
   // Register budgets (setmaxnreg) move registers between the warpgroups of
   // the CTA's own allocation (launch bounds of kThreads: 168 per thread,

@@ -209,11 +209,11 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       Wgmma<D, Op>::rs(o, pa[kk], wg::mn_major(smem_base + Cfg::kVOffset(stage_of(t)), kN, kk), 1);
     wg::commit();
   };
-  // The online softmax of tile t's S (log2 units; masked where the tile
-  // crosses an edge of the warpgroup's rows' ranges): P as PV's A
-  // fragments, m and l updated, f = the factor O must take before P joins it.
-  // sacc[4j + 2i + c]: row i, column 8j + 2 quad + c.
-  auto softmax_tile = [&](float (&sacc)[kSAccs], int t, uint32_t (&pa)[kN / 16][4], float (&f)[2]) {
+  // The online softmax of tile t's S, in place (log2 units; masked where
+  // the tile crosses an edge of the warpgroup's rows' ranges): S becomes
+  // P in f32, m and l are updated, f = the factor O must take before P
+  // joins it. sacc[4j + 2i + c]: row i, column 8j + 2 quad + c.
+  auto softmax_tile = [&](float (&sacc)[kSAccs], int t, float (&f)[2]) {
     const int32_t p0 = p_begin + t * kN;
     // Logits in log2 units are sacc * sc: without soft-cap (and a positive
     // scale, as always in practice) the scale folds into the exponent's FFMA.
@@ -250,28 +250,33 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     }
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const float p00 = fast_exp2(fmaf(sacc[4 * j], sc, -ref[0])), p01 = fast_exp2(fmaf(sacc[4 * j + 1], sc, -ref[0]));
-      const float p10 = fast_exp2(fmaf(sacc[4 * j + 2], sc, -ref[1])), p11 = fast_exp2(fmaf(sacc[4 * j + 3], sc, -ref[1]));
-      sum[0] += p00 + p01;
-      sum[1] += p10 + p11;
-      // A fragment of k-step j/2: (row, k 2q..) (row+8, k 2q..) (row, k 2q+8..) (row+8, k 2q+8..)
-      pa[j / 2][2 * (j % 2)] = pack2<Op>(p00, p01);
-      pa[j / 2][2 * (j % 2) + 1] = pack2<Op>(p10, p11);
+    for (int e = 0; e < kSAccs; ++e) {
+      const int i = (e / 2) % 2;
+      sacc[e] = fast_exp2(fmaf(sacc[e], sc, -ref[i]));
+      sum[i] += sacc[e];
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + sum[i];
+  };
+  // P (f32, in S's accumulator layout) as PV's A fragments: k-step j/2 holds
+  // (row, k 2q..) (row+8, k 2q..) (row, k 2q+8..) (row+8, k 2q+8..).
+  auto to_fragments = [&](const float (&sacc)[kSAccs], uint32_t (&pa)[kN / 16][4]) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      pa[j / 2][2 * (j % 2)] = pack2<Op>(sacc[4 * j], sacc[4 * j + 1]);
+      pa[j / 2][2 * (j % 2) + 1] = pack2<Op>(sacc[4 * j + 2], sacc[4 * j + 3]);
+    }
   };
   auto rescale_o = [&](const float (&f)[2]) {
 #pragma unroll
     for (int e = 0; e < kOAccs; ++e) o[e] *= f[(e / 2) % 2];
   };
 
+  float sacc[kSAccs], f[2];
+  uint32_t pa[kN / 16][4];
   if constexpr (!Cfg::kOverlap) {
     // QK, softmax, PV in turn (head_dim 256).
     for (int t = 0; t < tiles; ++t) {
-      float sacc[kSAccs], f[2];
-      uint32_t pa[kN / 16][4];
       wait_full(t);
       my_turn();
       wg::fence();
@@ -279,7 +284,8 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       your_turn();
       wg::wait<0>();
       wg::fence_operands(sacc);
-      softmax_tile(sacc, t, pa, f);
+      softmax_tile(sacc, t, f);
+      to_fragments(sacc, pa);
       rescale_o(f);
       wg::fence_operands(o);
       wg::fence_operands(pa);
@@ -291,70 +297,55 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       release(t);
     }
   } else if (tiles > 0) {
-    // Tile t's PV is issued with tile t + 1's QK, so the softmax of t + 1
-    // runs while the tensor cores do PV of t; P of t stays in its registers
-    // until that PV has completed.
-    uint32_t pa[kN / 16][4];
-    float f[2];
-    {
-      float sacc[kSAccs];
-      wait_full(0);
-      my_turn();
-      wg::fence();
-      issue_qk(sacc, 0);
-      your_turn();
+    // Tile t's PV is issued with tile t + 1's QK, so that the softmax of
+    // t + 1 runs while the tensor cores do PV of t (FlashAttention 3's
+    // intra-warpgroup overlap). P of t waits in S's registers (f32) and
+    // becomes PV's fragments only after the PV before it has completed, so
+    // one fragment tile serves every PV. The wait for that PV comes after
+    // the next stage's full-barrier wait, a branch: ptxas hoists a
+    // wgmma.wait_group to the top of its basic block, and in the softmax's
+    // block it serialised the softmax behind the PV.
+    wait_full(0);
+    my_turn();
+    wg::fence();
+    issue_qk(sacc, 0);
+    your_turn();
+    wg::wait<0>();
+    wg::fence_operands(sacc);
+    softmax_tile(sacc, 0, f);  // O is 0: nothing to rescale
+    // Before tile t's MMAs: the PV of t - 2 completes, its stage goes back,
+    // and P of t - 1 becomes fragments for O rescaled to its maximum.
+    auto prepare_pv = [&](int t) {
       wg::wait<0>();
-      wg::fence_operands(sacc);
-      softmax_tile(sacc, 0, pa, f);  // O is 0: nothing to rescale
-    }
-    // One step: tile t's QK and softmax into `next`, tile t - 1's PV from `prev`.
-    auto step = [&](int t, uint32_t (&prev)[kN / 16][4], uint32_t (&next)[kN / 16][4]) {
-      float sacc[kSAccs];
-      wait_full(t);
       wg::fence_operands(o);
-      wg::fence_operands(prev);
+      wg::fence_operands(pa);  // read by that PV until here
+      if (t >= 2) release(t - 2);
+      to_fragments(sacc, pa);
+      rescale_o(f);
+      wg::fence_operands(o);
+      wg::fence_operands(pa);
+    };
+    for (int t = 1; t < tiles; ++t) {
+      wait_full(t);
+      prepare_pv(t);
       my_turn();
       wg::fence();
       issue_qk(sacc, t);
-      issue_pv(prev, t - 1);
+      issue_pv(pa, t - 1);
       your_turn();
       wg::wait<1>();  // QK of t (PV of t - 1 may still run)
       wg::fence_operands(sacc);
-      softmax_tile(sacc, t, next, f);
-      wg::wait<0>();
-      wg::fence_operands(o);
-      wg::fence_operands(prev);  // read by the PV until here
-      release(t - 1);
-      rescale_o(f);
-    };
-    // P alternates between pa and pb (a copy between them inside the loop
-    // made ptxas serialise the MMAs).
-    uint32_t pb[kN / 16][4];
-    bool last_in_b = false;
-    for (int t = 1; t < tiles; t += 2) {
-      step(t, pa, pb);
-      last_in_b = true;
-      if (t + 1 < tiles) {
-        step(t + 1, pb, pa);
-        last_in_b = false;
-      }
+      softmax_tile(sacc, t, f);
     }
-    auto finish = [&](uint32_t (&last)[kN / 16][4]) {
-      wg::fence_operands(o);
-      wg::fence_operands(last);
-      my_turn();
-      wg::fence();
-      issue_pv(last, tiles - 1);
-      your_turn();
-      wg::wait<0>();
-      wg::fence_operands(o);
-      wg::fence_operands(last);
-      release(tiles - 1);
-    };
-    if (last_in_b)
-      finish(pb);
-    else
-      finish(pa);
+    prepare_pv(tiles);
+    my_turn();
+    wg::fence();
+    issue_pv(pa, tiles - 1);
+    your_turn();
+    wg::wait<0>();
+    wg::fence_operands(o);
+    wg::fence_operands(pa);
+    release(tiles - 1);
   }
 
   // ---- epilogue: the rows' outputs (and lse) ----

@@ -29,21 +29,23 @@ __device__ __forceinline__ uint32_t swizzle_offset(int rows, int r, int u) {
   return uint32_t((u >> 3) * rows * 128 + r * 128 + (((u & 7) ^ (r & 7)) << 4));
 }
 
-// A 128-byte-swizzle matrix descriptor (start, leading and stride byte offsets).
-__device__ __forceinline__ uint64_t descriptor(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  uint64_t d = uint64_t((smem_addr & 0x3ffffu) >> 4);
-  d |= uint64_t((lbo_bytes >> 4) & 0x3fffu) << 16;
-  d |= uint64_t((sbo_bytes >> 4) & 0x3fffu) << 32;
-  d |= uint64_t(1) << 62;  // 128-byte swizzle
-  return d;
+// A 128-byte-swizzle matrix descriptor (start, leading and stride byte
+// offsets) of the operand `offset` bytes into a tile at `tile`. The offset
+// is added to the start field of the tile's descriptor (shared addresses
+// stay below 2^18, so the 14-bit field cannot carry): one integer add per
+// MMA on a descriptor computed once per tile.
+__device__ __forceinline__ uint64_t descriptor(uint32_t tile, uint32_t offset, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t lo = (((tile & 0x3ffffu) >> 4) | (((lbo_bytes >> 4) & 0x3fffu) << 16)) + (offset >> 4);
+  const uint32_t hi = ((sbo_bytes >> 4) & 0x3fffu) | (1u << 30);  // 128-byte swizzle
+  return (uint64_t(hi) << 32) | lo;
 }
 // k-step kk of a K-major tile at `tile` (any rows).
 __device__ __forceinline__ uint64_t k_major(uint32_t tile, int rows, int kk) {
-  return descriptor(tile + uint32_t((kk >> 2) * rows * 128 + (kk & 3) * 32), 16, 1024);
+  return descriptor(tile, uint32_t((kk >> 2) * rows * 128 + (kk & 3) * 32), 16, 1024);
 }
 // k-step kk (rows 16kk..16kk+15) of an MN-major tile of `rows` rows at `tile`.
 __device__ __forceinline__ uint64_t mn_major(uint32_t tile, int rows, int kk) {
-  return descriptor(tile + uint32_t(kk * 16 * 128), uint32_t(rows * 128), 1024);
+  return descriptor(tile, uint32_t(kk * 16 * 128), uint32_t(rows * 128), 1024);
 }
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
