@@ -45,13 +45,17 @@ struct PrefillConfig {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kLaunchRegs * kThreads, "the CTA's registers");
 
   // Shared memory: Q [kRows x D], then per stage K and V [kTileTokens x D],
-  // all 16-bit swizzled tiles (wgmma.cuh); then the barriers.
+  // all 16-bit swizzled tiles (wgmma.cuh); then the barriers. K and V of a
+  // stage have barriers of their own: a consumer gives K back once its QK
+  // completed, a step before V, so the producer refills K a step sooner.
   static constexpr int kQBytes = kRows * D * 2;
   static constexpr int kTileBytes = kTileTokens * D * 2;
   static constexpr int kKOffset(int s) { return kQBytes + s * 2 * kTileBytes; }
   static constexpr int kVOffset(int s) { return kQBytes + s * 2 * kTileBytes + kTileBytes; }
   static constexpr int kBarOffset = kQBytes + kStages * 2 * kTileBytes;
-  static constexpr int kSmemBytes = kBarOffset + 64 + 1024;  // + the 1024-byte alignment of the base
+  // Barriers: full and empty, for K and for V, per stage (8 bytes each).
+  static constexpr int kBarBytes = 4 * 8 * kStages;
+  static constexpr int kSmemBytes = kBarOffset + kBarBytes + 1024;  // + the 1024-byte alignment of the base
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per CTA");
 };
 

@@ -61,8 +61,12 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
-  const uint32_t bar_full = smem_base + Cfg::kBarOffset;  // [kStages] x 8 bytes
-  const uint32_t bar_empty = bar_full + 8 * Cfg::kStages;
+  // Per operand (0 = K, 1 = V) and stage: full (the producer's threads
+  // arrive, TMA completes its bytes) and empty (the consumers' warps arrive).
+  auto bar_full = [&](int op, int s) { return smem_base + uint32_t(Cfg::kBarOffset + 8 * (2 * op * Cfg::kStages + s)); };
+  auto bar_empty = [&](int op, int s) {
+    return smem_base + uint32_t(Cfg::kBarOffset + 8 * ((2 * op + 1) * Cfg::kStages + s));
+  };
 
   const int kv_head = blockIdx.x;
   const int64_t seq = blockIdx.y;
@@ -87,10 +91,11 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   const int num_tiles = span_end > p_begin ? (span_end - p_begin + kN - 1) / kN : 0;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      mbar_init(bar_full + 8 * s, 128);                       // the producer's threads
-      mbar_init(bar_empty + 8 * s, 4 * Cfg::kConsumers);      // the consumers' warps
-    }
+    for (int op = 0; op < 2; ++op)
+      for (int s = 0; s < Cfg::kStages; ++s) {
+        mbar_init(bar_full(op, s), 128);                   // the producer's threads
+        mbar_init(bar_empty(op, s), 4 * Cfg::kConsumers);  // the consumers' warps
+      }
     fence_mbarrier_init();
   }
   // Q of the tile's rows (zeros past the run), by every thread, in the MMA's type.
@@ -132,23 +137,33 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     wg::regs_dealloc<Cfg::kProducerRegs>();
     if (bad) return;
     const int pt = threadIdx.x;
+    // Tile t's K, then its V, each into stage t % kStages once the
+    // consumers gave that stage's operand back.
+    auto wait_empty = [&](int op, int t) {
+      if (t >= Cfg::kStages) mbar_wait(bar_empty(op, t % Cfg::kStages), ((t / Cfg::kStages) - 1) & 1);
+    };
     for (int t = 0; t < num_tiles; ++t) {
       const int s = t % Cfg::kStages;
       const int32_t p0 = p_begin + t * kN;
       if constexpr (Loader::kTma) {
-        if (t >= Cfg::kStages) mbar_wait(bar_empty + 8 * s, ((t / Cfg::kStages) - 1) & 1);
-        Loader::load(p, rows, p0, smem_base + Cfg::kKOffset(s), smem_base + Cfg::kVOffset(s), bar_full + 8 * s, pt);
+        wait_empty(0, t);
+        Loader::load(&p.k_map, p.k_cache, rows, p0, smem_base + Cfg::kKOffset(s), bar_full(0, s), pt);
+        wait_empty(1, t);
+        Loader::load(&p.v_map, p.v_cache, rows, p0, smem_base + Cfg::kVOffset(s), bar_full(1, s), pt);
       } else {
         const PrefillRowAt at = Loader::at(rows, p0, pt);
         typename Loader::Raw rk, rv;
         Loader::fetch(p.k_cache, p, at, pt, rk);  // in flight while the stage drains
         if constexpr (!Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, at, pt, rv);
-        if (t >= Cfg::kStages) mbar_wait(bar_empty + 8 * s, ((t / Cfg::kStages) - 1) & 1);
+        wait_empty(0, t);
         Loader::store(rk, smem + Cfg::kKOffset(s), pt);
+        wg::fence_proxy_async();
+        mbar_arrive(bar_full(0, s));
         if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, at, pt, rv);
+        wait_empty(1, t);
         Loader::store(rv, smem + Cfg::kVOffset(s), pt);
         wg::fence_proxy_async();
-        mbar_arrive(bar_full + 8 * s);
+        mbar_arrive(bar_full(1, s));
       }
     }
     return;
@@ -189,10 +204,11 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   auto your_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
   if (cw == 1 && tiles > 0) your_turn();  // consumer 0 issues first
   auto stage_of = [](int t) { return t % Cfg::kStages; };
-  auto wait_full = [&](int t) { mbar_wait(bar_full + 8 * stage_of(t), (t / Cfg::kStages) & 1); };
-  auto release = [&](int t) {
+  // op 0 = K, 1 = V of tile t.
+  auto wait_full = [&](int op, int t) { mbar_wait(bar_full(op, stage_of(t)), (t / Cfg::kStages) & 1); };
+  auto release = [&](int op, int t) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty + 8 * stage_of(t));
+    if (lane == 0) mbar_arrive(bar_empty(op, stage_of(t)));
   };
   // S = Q K^T of tile t (issued, committed; the caller waits).
   auto issue_qk = [&](float (&sacc)[kSAccs], int t) {
@@ -277,24 +293,26 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   if constexpr (!Cfg::kOverlap) {
     // QK, softmax, PV in turn (head_dim 256).
     for (int t = 0; t < tiles; ++t) {
-      wait_full(t);
+      wait_full(0, t);
       my_turn();
       wg::fence();
       issue_qk(sacc, t);
       your_turn();
       wg::wait<0>();
       wg::fence_operands(sacc);
+      release(0, t);
       softmax_tile(sacc, t, f);
       to_fragments(sacc, pa);
       rescale_o(f);
       wg::fence_operands(o);
       wg::fence_operands(pa);
+      wait_full(1, t);
       wg::fence();
       issue_pv(pa, t);
       wg::wait<0>();
       wg::fence_operands(o);
       wg::fence_operands(pa);
-      release(t);
+      release(1, t);
     }
   } else if (tiles > 0) {
     // Tile t's PV is issued with tile t + 1's QK, so that the softmax of
@@ -302,31 +320,34 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     // intra-warpgroup overlap). P of t waits in S's registers (f32) and
     // becomes PV's fragments only after the PV before it has completed, so
     // one fragment tile serves every PV. The wait for that PV comes after
-    // the next stage's full-barrier wait, a branch: ptxas hoists a
+    // the next tiles' full-barrier waits, branches: ptxas hoists a
     // wgmma.wait_group to the top of its basic block, and in the softmax's
-    // block it serialised the softmax behind the PV.
-    wait_full(0);
+    // block it serialised the softmax behind the PV. K goes back as soon as
+    // its QK completed, V once its PV did.
+    wait_full(0, 0);
     my_turn();
     wg::fence();
     issue_qk(sacc, 0);
     your_turn();
     wg::wait<0>();
     wg::fence_operands(sacc);
+    release(0, 0);
     softmax_tile(sacc, 0, f);  // O is 0: nothing to rescale
-    // Before tile t's MMAs: the PV of t - 2 completes, its stage goes back,
-    // and P of t - 1 becomes fragments for O rescaled to its maximum.
+    // Before tile t's MMAs: the PV of t - 2 completes, its V goes back, and
+    // P of t - 1 becomes fragments for O rescaled to its maximum.
     auto prepare_pv = [&](int t) {
+      wait_full(1, t - 1);
       wg::wait<0>();
       wg::fence_operands(o);
       wg::fence_operands(pa);  // read by that PV until here
-      if (t >= 2) release(t - 2);
+      if (t >= 2) release(1, t - 2);
       to_fragments(sacc, pa);
       rescale_o(f);
       wg::fence_operands(o);
       wg::fence_operands(pa);
     };
     for (int t = 1; t < tiles; ++t) {
-      wait_full(t);
+      wait_full(0, t);
       prepare_pv(t);
       my_turn();
       wg::fence();
@@ -335,6 +356,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       your_turn();
       wg::wait<1>();  // QK of t (PV of t - 1 may still run)
       wg::fence_operands(sacc);
+      release(0, t);
       softmax_tile(sacc, t, f);
     }
     prepare_pv(tiles);
@@ -345,7 +367,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     wg::wait<0>();
     wg::fence_operands(o);
     wg::fence_operands(pa);
-    release(tiles - 1);
+    release(1, tiles - 1);
   }
 
   // ---- epilogue: the rows' outputs (and lse) ----

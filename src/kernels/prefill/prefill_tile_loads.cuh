@@ -61,14 +61,17 @@ struct PrefillRowShare {
   __device__ __forceinline__ static int first_vector(int pt) { return (pt % kThreadsPerRow) * kPerThread; }
 };
 
-// bf16: the stage is filled by TMA, one box of 16 positions x 128 bytes of
-// one head's rows per (16-position group, 64-element chunk), straight into
-// the swizzled operand layout (the decode kernel's tensor maps: 128-byte
-// swizzle, boxes at 2 KB offsets, so TMA's swizzle is the MMA's). A group
-// reaching past the sequence's end (its last partial group, and groups
-// past it) is copied row by row with cp.async instead, zeros past the end.
-// Thread 0 announces the boxes' bytes on the stage's full barrier before
-// it issues them; every producer thread arrives once its copies landed.
+// bf16: a stage's K or V tile is filled by TMA, one box of 16 positions x
+// 128 bytes of one head's rows per (16-position group, 64-element chunk),
+// straight into the swizzled operand layout (the decode kernel's tensor
+// maps: 128-byte swizzle, boxes at 2 KB offsets, so TMA's swizzle is the
+// MMA's). Lane g of the first warp looks up group g's page and issues its
+// boxes, so the page-id loads and the box issues of a tile run side by
+// side. A group reaching past the sequence's end (its last partial group,
+// and groups past it) is copied row by row with cp.async instead, zeros
+// past the end. Thread 0 announces the boxes' bytes on the full barrier
+// before they are issued; every producer thread arrives once its copies
+// landed.
 template <int D>
 struct PrefillTileLoader<Bf16Format, D> {
   using Cfg = PrefillConfig<Bf16Format, D>;
@@ -76,29 +79,21 @@ struct PrefillTileLoader<Bf16Format, D> {
   static constexpr int kUnits = D / 8;        // 16-byte units per row
   static constexpr int kChunks = D / 64;      // 128-byte boxes per row
   static constexpr int kGroups = Cfg::kTileTokens / 16;
-  __device__ __forceinline__ static void load(const RunParams& p, const PrefillRows& rows, int32_t p0, uint32_t k_tile,
-                                              uint32_t v_tile, uint32_t full, int pt) {
+  static_assert(kGroups <= 32, "a lane per group");
+  __device__ __forceinline__ static void load(const CUtensorMap* map, const uint8_t* cache, const PrefillRows& rows,
+                                              int32_t p0, uint32_t tile, uint32_t full, int pt) {
     const int whole = min(kGroups, max(0, (rows.seq_len - p0) / 16));  // groups inside the sequence
-    if (pt == 0) {
-      // The groups' page ids, all loads in flight at once (one after each
-      // box's issue cost a load latency per group: ncu showed the consumers
-      // waiting on the stages).
-      int32_t pages[kGroups];
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g) pages[g] = g < whole ? __ldg(rows.table + (p0 + 16 * g) / rows.block_size) : 0;
-      wg::mbar_expect_tx(full, uint32_t(whole * kChunks * 2048 * 2));
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        if (g >= whole) break;
-        const int32_t pos = p0 + 16 * g;
-        const int32_t page = pages[g];
+    if (pt < 32) {
+      if (pt == 0) wg::mbar_expect_tx(full, uint32_t(whole * kChunks * 2048));
+      __syncwarp();
+      if (pt < whole) {
+        const int32_t pos = p0 + 16 * pt;
+        const int32_t page = __ldg(rows.table + pos / rows.block_size);
         const int32_t tok = pos % rows.block_size;
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          const uint32_t dst = uint32_t(c * Cfg::kTileTokens * 128 + g * 2048);
-          tma_load_4d(k_tile + dst, &p.k_map, full, c * 128, rows.kv_head, tok, page);
-          tma_load_4d(v_tile + dst, &p.v_map, full, c * 128, rows.kv_head, tok, page);
-        }
+        for (int c = 0; c < kChunks; ++c)
+          tma_load_4d(tile + uint32_t(c * Cfg::kTileTokens * 128 + pt * 2048), map, full, c * 128, rows.kv_head, tok,
+                      page);
       }
     }
     const int tail_rows = Cfg::kTileTokens - 16 * whole;
@@ -108,9 +103,7 @@ struct PrefillTileLoader<Bf16Format, D> {
       int32_t row = 0;
       const bool ok = rows.locate(p0 + t, page_off, row);
       const int64_t off = ok ? page_off + (int64_t(row) * D + u * 8) * 2 : 0;
-      const uint32_t dst = wg::swizzle_offset(Cfg::kTileTokens, t, u);
-      wg::cp_async_16(k_tile + dst, p.k_cache + off, ok);
-      wg::cp_async_16(v_tile + dst, p.v_cache + off, ok);
+      wg::cp_async_16(tile + wg::swizzle_offset(Cfg::kTileTokens, t, u), cache + off, ok);
     }
     if (tail_rows > 0) {
       wg::cp_async_commit();
