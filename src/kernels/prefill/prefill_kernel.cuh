@@ -137,33 +137,50 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     wg::regs_dealloc<Cfg::kProducerRegs>();
     if (bad) return;
     const int pt = threadIdx.x;
-    // Tile t's K, then its V, each into stage t % kStages once the
-    // consumers gave that stage's operand back.
+    // In the order the consumers take them: K of tile t, then V of tile
+    // t - 1 (a consumer's step t runs QK of t with PV of t - 1), each into
+    // stage t % kStages once the consumers gave that stage's operand back.
+    // (K of t then V of t made K of t + 1 wait for V's later release: ncu
+    // showed the consumers waiting for K.)
     auto wait_empty = [&](int op, int t) {
       if (t >= Cfg::kStages) mbar_wait(bar_empty(op, t % Cfg::kStages), ((t / Cfg::kStages) - 1) & 1);
     };
-    for (int t = 0; t < num_tiles; ++t) {
-      const int s = t % Cfg::kStages;
-      const int32_t p0 = p_begin + t * kN;
-      if constexpr (Loader::kTma) {
-        wait_empty(0, t);
-        Loader::load(&p.k_map, p.k_cache, rows, p0, smem_base + Cfg::kKOffset(s), bar_full(0, s), pt);
-        wait_empty(1, t);
-        Loader::load(&p.v_map, p.v_cache, rows, p0, smem_base + Cfg::kVOffset(s), bar_full(1, s), pt);
-      } else {
-        const PrefillRowAt at = Loader::at(rows, p0, pt);
+    auto p0_of = [&](int t) { return p_begin + t * kN; };
+    if constexpr (Loader::kTma) {
+      for (int t = 0; t <= num_tiles; ++t) {
+        if (t < num_tiles) {
+          wait_empty(0, t);
+          Loader::load(&p.k_map, p.k_cache, rows, p0_of(t), smem_base + Cfg::kKOffset(t % Cfg::kStages),
+                       bar_full(0, t % Cfg::kStages), pt);
+        }
+        if (t > 0) {
+          wait_empty(1, t - 1);
+          Loader::load(&p.v_map, p.v_cache, rows, p0_of(t - 1), smem_base + Cfg::kVOffset((t - 1) % Cfg::kStages),
+                       bar_full(1, (t - 1) % Cfg::kStages), pt);
+        }
+      }
+    } else {
+      for (int t = 0; t <= num_tiles; ++t) {
         typename Loader::Raw rk, rv;
-        Loader::fetch(p.k_cache, p, at, pt, rk);  // in flight while the stage drains
-        if constexpr (!Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, at, pt, rv);
-        wait_empty(0, t);
-        Loader::store(rk, smem + Cfg::kKOffset(s), pt);
-        wg::fence_proxy_async();
-        mbar_arrive(bar_full(0, s));
-        if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, at, pt, rv);
-        wait_empty(1, t);
-        Loader::store(rv, smem + Cfg::kVOffset(s), pt);
-        wg::fence_proxy_async();
-        mbar_arrive(bar_full(1, s));
+        // All of the step's loads in flight while the stages drain (V's
+        // row located again rather than kept: the producer's registers).
+        if (t < num_tiles) Loader::fetch(p.k_cache, p, Loader::at(rows, p0_of(t), pt), pt, rk);
+        if (!Cfg::kFetchSplit && t > 0) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(t - 1), pt), pt, rv);
+        if (t < num_tiles) {
+          const int s = t % Cfg::kStages;
+          wait_empty(0, t);
+          Loader::store(rk, smem + Cfg::kKOffset(s), pt);
+          wg::fence_proxy_async();
+          mbar_arrive(bar_full(0, s));
+        }
+        if (t > 0) {
+          const int s = (t - 1) % Cfg::kStages;
+          if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(t - 1), pt), pt, rv);
+          wait_empty(1, t - 1);
+          Loader::store(rv, smem + Cfg::kVOffset(s), pt);
+          wg::fence_proxy_async();
+          mbar_arrive(bar_full(1, s));
+        }
       }
     }
     return;
