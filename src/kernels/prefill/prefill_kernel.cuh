@@ -147,17 +147,22 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     };
     auto p0_of = [&](int t) { return p_begin + t * kN; };
     if constexpr (Loader::kTma) {
+      // The page ids of tile t + 1 are looked up before the waits of step t.
+      typename Loader::Group grp = Loader::lookup(rows, p0_of(0), pt), grp_prev{};
       for (int t = 0; t <= num_tiles; ++t) {
+        const typename Loader::Group grp_next = Loader::lookup(rows, p0_of(t + 1), pt);
         if (t < num_tiles) {
           wait_empty(0, t);
-          Loader::load(&p.k_map, p.k_cache, rows, p0_of(t), smem_base + Cfg::kKOffset(t % Cfg::kStages),
+          Loader::load(&p.k_map, p.k_cache, rows, p0_of(t), grp, smem_base + Cfg::kKOffset(t % Cfg::kStages),
                        bar_full(0, t % Cfg::kStages), pt);
         }
         if (t > 0) {
           wait_empty(1, t - 1);
-          Loader::load(&p.v_map, p.v_cache, rows, p0_of(t - 1), smem_base + Cfg::kVOffset((t - 1) % Cfg::kStages),
-                       bar_full(1, (t - 1) % Cfg::kStages), pt);
+          Loader::load(&p.v_map, p.v_cache, rows, p0_of(t - 1), grp_prev,
+                       smem_base + Cfg::kVOffset((t - 1) % Cfg::kStages), bar_full(1, (t - 1) % Cfg::kStages), pt);
         }
+        grp_prev = grp;
+        grp = grp_next;
       }
     } else {
       for (int t = 0; t <= num_tiles; ++t) {
@@ -350,14 +355,15 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     wg::fence_operands(sacc);
     release(0, 0);
     softmax_tile(sacc, 0, f);  // O is 0: nothing to rescale
-    // Before tile t's MMAs: the PV of t - 2 completes, its V goes back, and
-    // P of t - 1 becomes fragments for O rescaled to its maximum.
+    // Before tile t's MMAs: the PV of t - 2 completes, its V goes back (before
+    // the wait for the V of t - 1, so that the producer is not held up by
+    // it), and P of t - 1 becomes fragments for O rescaled to its maximum.
     auto prepare_pv = [&](int t) {
-      wait_full(1, t - 1);
       wg::wait<0>();
       wg::fence_operands(o);
       wg::fence_operands(pa);  // read by that PV until here
       if (t >= 2) release(1, t - 2);
+      wait_full(1, t - 1);
       to_fragments(sacc, pa);
       rescale_o(f);
       wg::fence_operands(o);

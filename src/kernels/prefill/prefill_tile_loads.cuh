@@ -65,9 +65,9 @@ struct PrefillRowShare {
 // 128 bytes of one head's rows per (16-position group, 64-element chunk),
 // straight into the swizzled operand layout (the decode kernel's tensor
 // maps: 128-byte swizzle, boxes at 2 KB offsets, so TMA's swizzle is the
-// MMA's). Lane g of the first warp looks up group g's page and issues its
-// boxes, so the page-id loads and the box issues of a tile run side by
-// side. A group reaching past the sequence's end (its last partial group,
+// MMA's). Lane g of the first warp looks up group g's page (lookup, before
+// the stage is free) and issues its boxes, so a tile's page-id loads and
+// box issues run side by side. A group reaching past the sequence's end (its last partial group,
 // and groups past it) is copied row by row with cp.async instead, zeros
 // past the end. Thread 0 announces the boxes' bytes on the full barrier
 // before they are issued; every producer thread arrives once its copies
@@ -80,20 +80,27 @@ struct PrefillTileLoader<Bf16Format, D> {
   static constexpr int kChunks = D / 64;      // 128-byte boxes per row
   static constexpr int kGroups = Cfg::kTileTokens / 16;
   static_assert(kGroups <= 32, "a lane per group");
+  // Lane g's group of the tile at p0: its page id and position in the page
+  // (looked up before the producer waits for the stage, off the critical path).
+  struct Group {
+    int32_t page, tok;
+  };
+  __device__ __forceinline__ static Group lookup(const PrefillRows& rows, int32_t p0, int pt) {
+    const int32_t pos = p0 + 16 * pt;
+    if (pt >= kGroups || pos + 16 > rows.seq_len) return {0, 0};
+    return {__ldg(rows.table + pos / rows.block_size), pos % rows.block_size};
+  }
   __device__ __forceinline__ static void load(const CUtensorMap* map, const uint8_t* cache, const PrefillRows& rows,
-                                              int32_t p0, uint32_t tile, uint32_t full, int pt) {
+                                              int32_t p0, const Group& grp, uint32_t tile, uint32_t full, int pt) {
     const int whole = min(kGroups, max(0, (rows.seq_len - p0) / 16));  // groups inside the sequence
     if (pt < 32) {
       if (pt == 0) wg::mbar_expect_tx(full, uint32_t(whole * kChunks * 2048));
       __syncwarp();
       if (pt < whole) {
-        const int32_t pos = p0 + 16 * pt;
-        const int32_t page = __ldg(rows.table + pos / rows.block_size);
-        const int32_t tok = pos % rows.block_size;
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          tma_load_4d(tile + uint32_t(c * Cfg::kTileTokens * 128 + pt * 2048), map, full, c * 128, rows.kv_head, tok,
-                      page);
+          tma_load_4d(tile + uint32_t(c * Cfg::kTileTokens * 128 + pt * 2048), map, full, c * 128, rows.kv_head,
+                      grp.tok, grp.page);
       }
     }
     const int tail_rows = Cfg::kTileTokens - 16 * whole;
