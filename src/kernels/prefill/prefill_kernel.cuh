@@ -394,34 +394,52 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   }
 
   // ---- epilogue: the rows' outputs (and lse) ----
+  // A row's outputs are its sums times one factor (softmax_state.hpp's
+  // finalize as a multiply: NaN, 0 for a row that attends nothing, else
+  // v_factor / denominator). They go as bf16 into the warpgroup's own Q rows
+  // (free once its last QK completed; the swizzle keeps the fragment stores
+  // conflict-free), then out in 16-byte units, a row's units by consecutive
+  // threads (a token's q heads are consecutive rows of the output).
   const float qnan = __int_as_float(0x7fc00000);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = l_run[i];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (my_row[i] < first_row || my_row[i] >= row_hi) continue;
-    const int32_t j = my_row[i] / group, h = kv_head * group + my_row[i] % group;
+    const int32_t r = my_row[i] - row_lo;  // the tile's row
+    const bool live = my_row[i] >= first_row && my_row[i] < row_hi;
+    const int32_t h = kv_head * group + (live ? my_row[i] % group : 0);
     softmax::Merge<softmax::Log2> mg;
-    mg.see_max({m_run[i], l});  // a NaN logit's l spreads through finalize
+    mg.see_max({m_run[i], l});  // a NaN logit's l spreads through the factor
     mg.nan = bad;
     constexpr float kLog2e = 1.4426950408889634f;
-    if (p.sinks) mg.sink = p.sinks[h] * kLog2e;
-    const int64_t out_row = int64_t(row0 + j) * p.num_q_heads + h;
-    bf16* out = p.out + out_row * D + 2 * quad;
+    if (p.sinks && live) mg.sink = p.sinks[h] * kLog2e;
+    const bool empty = !mg.nan && mg.M == kNegInf;
+    const float factor = mg.nan ? qnan : (empty ? 0.0f : p.v_factor / mg.denominator(l));
 #pragma unroll
     for (int jj = 0; jj < D / 8; ++jj) {
-      const float a = mg.nan ? qnan : mg.finalize(o[4 * jj + 2 * i], l) * p.v_factor;
-      const float b = mg.nan ? qnan : mg.finalize(o[4 * jj + 2 * i + 1], l) * p.v_factor;
-      *reinterpret_cast<uint32_t*>(out + 8 * jj) = pack2<Bf16Op>(a, b);
+      const float a = empty ? 0.0f : o[4 * jj + 2 * i] * factor;
+      const float b = empty ? 0.0f : o[4 * jj + 2 * i + 1] * factor;
+      *reinterpret_cast<uint32_t*>(smem + wg::swizzle_offset(kM, r, jj) + 4 * quad) = pack2<Bf16Op>(a, b);
     }
-    if (p.lse != nullptr && quad == 0) {
+    if (live && p.lse != nullptr && quad == 0) {
+      const int64_t out_row = int64_t(row0 + my_row[i] / group) * p.num_q_heads + h;
       const softmax::State<> st = softmax::to_record(mg.merged(l), m_run[i]);
       softmax::Merge<> ln;
       ln.M = st.m;
       ln.nan = st.is_nan();
       p.lse[out_row] = ln.lse(st.l);
     }
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(3 + cw) : "memory");  // the warpgroup's rows are in shared memory
+  constexpr int kUnits = D / 8;
+  for (int idx = threadIdx.x % 128; idx < 64 * kUnits; idx += 128) {
+    const int32_t r = cw * 64 + idx / kUnits, u = idx % kUnits;
+    const int32_t pr = row_lo + r;
+    if (pr < first_row || pr >= row_hi) continue;
+    const int64_t out_row = int64_t(row0 + pr / group) * p.num_q_heads + kv_head * group + pr % group;
+    *reinterpret_cast<uint4*>(p.out + out_row * D + u * 8) =
+        *reinterpret_cast<const uint4*>(smem + wg::swizzle_offset(kM, r, u));
   }
 }
 
