@@ -98,44 +98,17 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       }
     fence_mbarrier_init();
   }
-  // Q of the tile's rows (zeros past the run), by every thread, in the MMA's type.
-  for (int idx = threadIdx.x; idx < kM * D / 8; idx += Cfg::kThreads) {
-    const int r = idx / (D / 8), u = idx % (D / 8);
-    const int32_t pr = row_lo + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (pr >= 0) {
-      const int32_t j = pr / group, h = pr % group;
-      v = __ldg(reinterpret_cast<const uint4*>(p.q + int64_t(row0 + j) * p.q_stride +
-                                               int64_t(kv_head * group + h) * D + u * 8));
-      if constexpr (!std::is_same_v<Op, Bf16Op>) {
-        float x[8];
-        unpack8(v, x);
-        v = make_uint4(pack2<Op>(x[0], x[1]), pack2<Op>(x[2], x[3]), pack2<Op>(x[4], x[5]), pack2<Op>(x[6], x[7]));
-      }
-    }
-    *reinterpret_cast<uint4*>(smem + wg::swizzle_offset(kM, r, u)) = v;
-  }
-  wg::fence_proxy_async();
-  // A page id outside the cache anywhere in the run's attended pages makes the run NaN.
+  __syncthreads();  // the barriers are initialised
   const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
-  bool bad_page = false;
-  {
-    const int32_t first_page = query_range(seq_len, run_len, 0, p.sliding_window).begin / p.block_size;
-    const int32_t end_page = (seq_len + p.block_size - 1) / p.block_size;
-    for (int32_t pg = first_page + threadIdx.x; pg < end_page; pg += Cfg::kThreads) {
-      const int32_t id = __ldg(table + pg);
-      bad_page = bad_page || id < 0 || id >= p.num_blocks;
-    }
-  }
-  const bool bad = __syncthreads_or(bad_page);
-
   const PrefillRows rows{table, seq_len, p.block_size, p.num_kv_heads, kv_head, p.num_blocks, p.page_stride,
                          p.scale_offset};
   const int wgi = threadIdx.x / 128;
   if (wgi == 0) {
     // ---- producer ----
     wg::regs_dealloc<Cfg::kProducerRegs>();
-    if (bad) return;
+    // The producer starts at once, before the consumers' Q: it needs no
+    // page check (a page id outside the cache loads zeros: TMA fills a box
+    // outside the map with zeros, locate() skips it).
     const int pt = threadIdx.x;
     // In the order the consumers take them: K of tile t, then V of tile
     // t - 1 (a consumer's step t runs QK of t with PV of t - 1), each into
@@ -194,6 +167,53 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // ---- consumers ----
   wg::regs_alloc<Cfg::kConsumerRegs>();
   const int cw = wgi - 1;                    // consumer 0 or 1
+  const int ct = threadIdx.x % 128;          // the thread in its warpgroup
+  // The warpgroup's 64 rows of Q (zeros outside the run) in the MMA's type,
+  // all loads in flight at once, while the producer fills the first stages.
+  {
+    constexpr int kUnits = D / 8, kPerThread = 64 * kUnits / 128;
+    uint4 v[kPerThread];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int idx = ct + 128 * k, r = cw * 64 + idx / kUnits, u = idx % kUnits;
+      const int32_t pr = row_lo + r;
+      v[k] = make_uint4(0, 0, 0, 0);
+      if (pr >= 0)
+        v[k] = __ldg(reinterpret_cast<const uint4*>(p.q + int64_t(row0 + pr / group) * p.q_stride +
+                                                    int64_t(kv_head * group + pr % group) * D + u * 8));
+    }
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int idx = ct + 128 * k, r = cw * 64 + idx / kUnits, u = idx % kUnits;
+      if constexpr (!std::is_same_v<Op, Bf16Op>) {
+        float x[8];
+        unpack8(v[k], x);
+        v[k] = make_uint4(pack2<Op>(x[0], x[1]), pack2<Op>(x[2], x[3]), pack2<Op>(x[4], x[5]), pack2<Op>(x[6], x[7]));
+      }
+      *reinterpret_cast<uint4*>(smem + wg::swizzle_offset(kM, r, u)) = v[k];
+    }
+    wg::fence_proxy_async();
+  }
+  // A page id outside the cache anywhere in the run's attended pages makes
+  // the run NaN (each warpgroup checks them all; the barrier also makes its
+  // Q rows visible to all of its threads).
+  bool bad_page = false;
+  {
+    const int32_t first_page = query_range(seq_len, run_len, 0, p.sliding_window).begin / p.block_size;
+    const int32_t end_page = (seq_len + p.block_size - 1) / p.block_size;
+    for (int32_t pg = first_page + ct; pg < end_page; pg += 128) {
+      const int32_t id = __ldg(table + pg);
+      bad_page = bad_page || id < 0 || id >= p.num_blocks;
+    }
+  }
+  uint32_t bad_any;
+  asm volatile(
+      "{\n .reg .pred mine, any;\n setp.ne.u32 mine, %1, 0;\n bar.red.or.pred any, %2, 128, mine;\n"
+      " selp.u32 %0, 1, 0, any;\n}\n"
+      : "=r"(bad_any)
+      : "r"(uint32_t(bad_page)), "r"(3 + cw)
+      : "memory");
+  const bool bad = bad_any != 0;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int quad = lane % 4;
   // The warpgroup's rows [wg_lo, wg_lo + 64) and the thread's two, r and r + 8.
@@ -220,8 +240,9 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // before issuing a tile's MMAs a consumer waits on its named barrier
   // (1 + cw), after issuing them it lets the other one go (FlashAttention
   // 3's ping-pong), so that one consumer's softmax runs under the other's
-  // MMAs. A bad run: the producer loads nothing, nobody waits.
-  const int tiles = bad ? 0 : num_tiles;
+  // MMAs. A bad run walks its tiles too (the producer does not know it is
+  // bad), and its outputs are NaN.
+  const int tiles = num_tiles;
   auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
   auto your_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
   if (cw == 1 && tiles > 0) your_turn();  // consumer 0 issues first
