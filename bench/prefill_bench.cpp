@@ -76,10 +76,6 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"automatic", "off", "on"}));
   app.add_option("--peak-tflops", peak, "dense BF16 tensor-core peak the fractions are of (H100/H200 SXM: 989.4)");
   app.add_option("--json", json_path, "write rows as JSON");
-  int prefill_ctas = 0;
-  app.add_option("--prefill-ctas", prefill_ctas,
-                 "the prefill kernel's persistent CTAs (DecodePlanOptions::prefill_ctas; 0: the planner's, one per SM; "
-                 "a large number: one CTA per work item)");
   std::string l2 = "cold";
   app.add_option("--l2", l2,
                  "cold: every call reads a cache replica the calls before evicted from L2 (64 MB rotated); "
@@ -100,7 +96,6 @@ int main(int argc, char** argv) {
               dev.name.c_str(), dev.num_sms, peak, qh, kvh, head_dim, block_size, l2.c_str());
   DecodePlanOptions options;
   options.prefill = decode_prefill_from_string(prefill);
-  options.prefill_ctas = prefill_ctas;
   const DecodeTarget target = cuda::decode_target();
   nlohmann::json rows = nlohmann::json::array();
   bool failed = false;
@@ -150,8 +145,7 @@ int main(int argc, char** argv) {
           },
           per_graph);
       const double tflops = prefill_flops(runs, qh, head_dim, window) / (us * 1e6);
-      const std::string kernel = plan.prefill ? "prefill " + std::to_string(plan.prefill_ctas) + " CTAs"
-                                              : "runs " + std::to_string(plan.num_splits) + " splits";
+      const std::string kernel = plan.prefill ? "prefill" : "runs " + std::to_string(plan.num_splits) + " splits";
       // --check: the other kernel (runs kernel with the planner's splits, or the
       // prefill kernel forced) on replica 0; the worst rel. L2 per (row, head).
       std::string check;

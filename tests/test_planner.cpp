@@ -232,8 +232,8 @@ TEST(Planner, QueryRunsTileTheirColumns) {
   EXPECT_EQ(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000)).col_tiles, 1);
 }
 
-// Long runs take the prefill kernel where its items (one per 128 packed rows
-// of a kv head) fill half the SMs; short ones, and few items over a long
+// Long runs take the prefill kernel where its grid (a CTA per 128 packed rows
+// of a kv head) fills half the SMs; short ones, and few CTAs over a long
 // context, the runs kernel with its splits.
 TEST(Planner, LongRunsTakeThePrefillKernel) {
   DecodeProblem p = problem(1, 8, 4, 8192);
@@ -267,24 +267,13 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   o = {};
   o.num_splits = 3;  // a forced split count keeps the runs kernel
   EXPECT_FALSE(plan_decode(p, gpu_like(1000), o).prefill);
-  // Persistent CTAs: one per SM, or as forced.
-  EXPECT_EQ(pre.prefill_ctas, gpu_like(1000).num_sms);
-  o = {};
-  o.prefill_ctas = 7;
-  EXPECT_EQ(plan_decode(p, gpu_like(1000), o).prefill_ctas, 7);
-  o.prefill_ctas = -1;
-  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), InvalidArgument);
-  // Many sequences are items like any others (70000 x 8 kv heads x 16 tiles).
+  // Beyond the grid's y (sequences): the runs kernel, or Unsupported when forced.
   DecodeProblem many = problem(70000, 8, 4, 4096);
   many.max_q_len = 512;
-  EXPECT_TRUE(plan_decode(many, gpu_like(1000)).prefill);
-  // Beyond 2^30 items: the runs kernel, or Unsupported when forced.
-  DecodeProblem huge = problem(1 << 20, 8, 4, 8192);
-  huge.max_q_len = 8192;  // 2^20 sequences x 8 kv heads x 256 tiles
-  EXPECT_FALSE(plan_decode(huge, gpu_like(1000)).prefill);
+  EXPECT_FALSE(plan_decode(many, gpu_like(1000)).prefill);
   o = {};
   o.prefill = DecodePrefill::on;
-  EXPECT_THROW(plan_decode(huge, gpu_like(1000), o), Unsupported);
+  EXPECT_THROW(plan_decode(many, gpu_like(1000), o), Unsupported);
   EXPECT_EQ(decode_prefill_from_string("on"), DecodePrefill::on);
   EXPECT_THROW(decode_prefill_from_string("yes"), InvalidArgument);
 }

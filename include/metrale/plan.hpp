@@ -85,7 +85,6 @@ struct DecodePlanOptions {
   DecodeMerge merge = DecodeMerge::automatic;
   int32_t col_tiles = 0;  // runs kernel: 0 = the planner's; 1 or 2 n-tiles of 8 columns per CTA
   DecodePrefill prefill = DecodePrefill::automatic;  // on: query runs in the prefill kernel (single pass)
-  int32_t prefill_ctas = 0;  // the prefill kernel's grid: 0 = the planner's (one CTA per SM); n = n CTAs
 };
 
 // One decode kernel instantiation: format x the kernel's head_dim (128 for a
@@ -122,11 +121,9 @@ struct DecodePlan {
   int32_t kv_units = 0;      // kv heads (or pairs) per sequence
   int32_t unit_group = 0;    // q heads per kv unit
   int32_t col_tiles = 1;     // n-tiles of 8 columns per CTA (geometry::runs_col_tiles)
-  // The prefill kernel: prefill_ctas persistent CTAs (at most one per item)
-  // walk the kv_units x num_seqs x head_tiles items, a (kv head, sequence,
-  // tile of kPrefillRowsPerCta packed rows of its run) each, longest first.
+  // The prefill kernel: grid (kv_units, num_seqs, head_tiles), a CTA per
+  // (kv head, sequence, tile of kPrefillRowsPerCta packed rows of its run).
   bool prefill = false;
-  int32_t prefill_ctas = 0;
   int32_t head_tiles = 0;    // tiles of 8 * col_tiles columns (prefill: of 128 rows) per kv unit
   int64_t ctas_per_seq = 0;  // kv_units * head_tiles
   size_t workspace_bytes = 0;  // f32 split-K workspace the run needs (merge == workspace), else 0

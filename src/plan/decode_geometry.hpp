@@ -43,9 +43,8 @@ constexpr int32_t runs_col_tiles(int32_t head_dim, int64_t columns) {
 // split the pages).
 constexpr int32_t kPrefillRowsPerCta = 128;
 constexpr int32_t kPrefillMinRows = 128;
-// Its work items, (kv head, sequence, tile) each, are numbered in int32
-// (with room for a CTA stride past the last).
-constexpr int64_t kPrefillMaxItems = int64_t(1) << 30;
+// Its grid is (kv heads, sequences, tiles): y and z at most 65535.
+constexpr int64_t kPrefillMaxGridYZ = 65535;
 
 // head_dim 64: a CTA serves two adjacent kv heads as one head of head_dim
 // 128 (their rows are adjacent in a token's row of the cache), their q

@@ -181,8 +181,8 @@ bool prefill_loads(const DecodeProblem& p, const DecodeTarget& target) {
   return p.layout.format != KvFormat::bf16 || target.tma;
 }
 // Query runs take the prefill kernel where a kv head has at least
-// kPrefillMinRows packed rows and its items (one per 128 rows, single
-// pass) fill half the GPU's SMs (one CTA per SM); fewer over a long
+// kPrefillMinRows packed rows and its grid (one CTA per 128 rows, single
+// pass) fills half the GPU's SMs (one CTA per SM); fewer CTAs over a long
 // context leave the SMs idle that the runs kernel's splits would fill.
 // Forced split counts, column tiles or a split-K merge keep the runs kernel.
 bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t kv_units, int64_t columns,
@@ -190,8 +190,9 @@ bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t k
   if (!prefill_loads(p, target)) return false;
   if (!p.runs_kernel() || opt.num_splits > 1 || opt.col_tiles > 0 || columns < kPrefillMinRows) return false;
   if (opt.merge != DecodeMerge::automatic && opt.merge != DecodeMerge::single_pass) return false;
-  const int64_t items = int64_t(p.num_seqs) * kv_units * tiles;
-  return items <= kPrefillMaxItems && 2 * items >= target.num_sms;
+  if (p.num_seqs > kPrefillMaxGridYZ || tiles > kPrefillMaxGridYZ) return false;  // the grid's y and z
+  const int64_t ctas = int64_t(p.num_seqs) * kv_units * tiles;
+  return 2 * ctas >= target.num_sms;
 }
 }  // namespace
 
@@ -249,15 +250,12 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
       break;
   }
   if (plan.prefill) {
-    if (int64_t(p.num_seqs) * plan.kv_units * prefill_tiles > kPrefillMaxItems)
-      detail::throw_unsupported("prefill", "on",
-                                "num_seqs * kv heads * ceil(max_q_len * q heads per kv head / 128) <= 2^30 (items)");
+    if (prefill_tiles > kPrefillMaxGridYZ)
+      detail::throw_unsupported("prefill", "on", "max_q_len * q heads per kv head <= 65535 * 128 (the grid's z)");
+    if (p.num_seqs > kPrefillMaxGridYZ)
+      detail::throw_unsupported("prefill", "on", "num_seqs <= 65535 (the grid's y)");
     plan.head_tiles = int32_t(prefill_tiles);
     plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
-    // Persistent CTAs, one per SM (the kernel holds an SM's shared memory):
-    // a CTA's next item's loads overlap its epilogue and its next Q load.
-    METRALE_CHECK_ARG(opt.prefill_ctas >= 0, "prefill_ctas", opt.prefill_ctas, ">= 0 (0: the planner's)");
-    plan.prefill_ctas = opt.prefill_ctas > 0 ? opt.prefill_ctas : std::max(target.num_sms, 1);
     plan.num_splits = 1;
     plan.merge = DecodeMerge::single_pass;
     plan.load_path = p.layout.format == KvFormat::bf16 ? DecodeLoadPath::tma : DecodeLoadPath::registers;

@@ -85,7 +85,6 @@ RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* wor
   p.num_kv_heads = plan.kv_units;
   p.group = plan.unit_group;
   p.head_tiles = plan.head_tiles;
-  p.num_seqs = a.num_seqs;
   p.block_size = L.block_size;
   p.sliding_window = a.sliding_window;
   // The per-tensor scales and the operand factor (metrale/format.hpp).
@@ -136,15 +135,11 @@ kernels::PrefillLaunch prefill_kernels(KvFormat format) {
 // workspace merge).
 void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspace, Stream stream) {
   if (plan.prefill) {
-    // Persistent CTAs: plan.prefill_ctas of them (at most one per item) walk
-    // the (kv head, sequence, tile) items in turn.
-    const int64_t items = int64_t(plan.kv_units) * a.num_seqs * plan.head_tiles;
-    METRALE_CHECK_ARG(items <= geometry::kPrefillMaxItems, "num_seqs", a.num_seqs,
-                      "num_seqs * kv heads * the plan's tiles <= 2^30 for the prefill kernel (its items)");
+    METRALE_CHECK_ARG(a.num_seqs <= geometry::kPrefillMaxGridYZ, "num_seqs", a.num_seqs,
+                      "<= 65535 for the prefill kernel (its grid's y)");
     const RunParams p = make_params(plan, a, nullptr);
-    prefill_kernels(plan.problem.layout.format)(p, plan.kernel(),
-                                                dim3(unsigned(std::max<int64_t>(1, std::min<int64_t>(items, plan.prefill_ctas)))),
-                                                stream);
+    prefill_kernels(plan.problem.layout.format)(
+        p, plan.kernel(), dim3(unsigned(plan.kv_units), unsigned(a.num_seqs), unsigned(plan.head_tiles)), stream);
     return;
   }
   const int64_t grid_x = plan.grid_x(a.num_seqs);

@@ -61,7 +61,6 @@ struct RunParams : DecodeParams {
   float softcap_scale;       // soft-cap c > 0: sm_scale * K factor / c (x = softcap_log2 * tanh(s * this))
   float softcap_log2;        // c * log2(e); 0: no soft-cap
   float* lse;                // [rows, num_q_heads] of the single pass, or null
-  int32_t num_seqs;          // the prefill kernel's items: num_kv_heads x num_seqs x head_tiles
 };
 
 template <bool kRuns>

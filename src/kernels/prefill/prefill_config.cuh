@@ -28,21 +28,19 @@ struct PrefillConfig {
   // t + 1's QK and holds two stages at once, so the ring has three. It
   // holds O, S and one P fragment tile (160 registers at head_dim 128). At
   // head_dim 256 O alone is 128 registers: MMAs and softmax run in turn
-  // with two stages. The dequantising formats keep a producer of 88
+  // with two stages. The dequantising formats keep a producer of 96
   // registers (the raw codes of a tile's K and of the tile before's V in
-  // flight at once: with fewer, in passes, it was latency-bound; it spills
-  // a few words of its loop state, and the consumers' 208 do not spill).
+  // flight at once: with fewer, in passes, it was latency-bound).
   static constexpr bool kOverlap = D <= 128;
   static constexpr int kStages = kOverlap ? 3 : 2;
   // Register budgets (setmaxnreg) move registers between the warpgroups of
   // the CTA's own allocation (launch bounds of kThreads: 168 per thread,
   // ptxas), so they must fit in it: an increase that does not fit waits forever.
-  // The bf16 producer (TMA) holds its item loop in 56. At head_dim 256 the
-  // dequantising producer fetches V only after storing K (kFetchSplit), for
-  // the consumers' 128 O accumulators.
+  // At head_dim 256 the dequantising producer fetches V only after storing K
+  // (kFetchSplit), for the consumers' 128 O accumulators.
   static constexpr bool kFetchSplit = D == 256;
-  static constexpr int kProducerRegs = Fmt::kBits == 16 ? 56 : (kFetchSplit ? (Fmt::kBits == 8 ? 64 : 56) : 88);
-  static constexpr int kConsumerRegs = Fmt::kBits == 16 ? 224 : (kFetchSplit ? (Fmt::kBits == 8 ? 216 : 224) : 208);
+  static constexpr int kProducerRegs = Fmt::kBits == 16 ? 40 : (kFetchSplit ? (Fmt::kBits == 8 ? 64 : 56) : 96);
+  static constexpr int kConsumerRegs = Fmt::kBits == 16 ? 232 : (kFetchSplit ? (Fmt::kBits == 8 ? 216 : 224) : 200);
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kLaunchRegs * kThreads, "the CTA's registers");
 

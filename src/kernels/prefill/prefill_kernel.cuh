@@ -68,7 +68,28 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     return smem_base + uint32_t(Cfg::kBarOffset + 8 * ((2 * op + 1) * Cfg::kStages + s));
   };
 
+  const int kv_head = blockIdx.x;
+  const int64_t seq = blockIdx.y;
+  const int tile = blockIdx.z;  // from the run's end
+
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+
+  const int32_t seq_len = min(max(p.seq_lens[seq], 0), p.max_blocks_per_seq * p.block_size);
+  const int32_t row0 = p.q_start ? p.q_start[seq] : int32_t(seq);
+  const int32_t run_len = p.q_start ? min(max(p.q_start[seq + 1] - row0, 0), seq_len) : 1;
+  const int32_t group = p.group;
+  const int32_t packed = run_len * group;       // the run's packed rows
+  const int32_t row_hi = packed - tile * kM;    // the tile's packed rows [row_lo, row_hi)
+  if (row_hi <= 0) return;
+  const int32_t row_lo = row_hi - kM;           // negative in a run's partial first tile
+  const int32_t first_row = max(row_lo, 0);
+  auto range_of = [&](int32_t packed_row) {
+    return query_range(seq_len, run_len, packed_row / group, p.sliding_window);
+  };
+  const int32_t span_begin = range_of(first_row).begin, span_end = range_of(row_hi - 1).end;
+  const int32_t p_begin = span_begin & ~15;
+  const int num_tiles = span_end > p_begin ? (span_end - p_begin + kN - 1) / kN : 0;
+
   if (threadIdx.x == 0) {
     for (int op = 0; op < 2; ++op)
       for (int s = 0; s < Cfg::kStages; ++s) {
@@ -78,38 +99,9 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     fence_mbarrier_init();
   }
   __syncthreads();  // the barriers are initialised
-
-  // Work item i (of num_kv_heads x num_seqs x head_tiles, kv head fastest,
-  // then sequence, then tile; CTA b takes items b, b + gridDim.x, ...) is a
-  // (kv head, sequence, tile of kRows packed rows counted from the run's
-  // end): the first items are the runs' last tiles, which attend the most.
-  const int32_t num_items = p.num_kv_heads * p.num_seqs * p.head_tiles;  // <= 2^30 (the launcher checks)
-  const int32_t group = p.group;
-  struct Item {
-    int32_t kv_head, seq;
-    int32_t seq_len, row0, run_len;
-    int32_t row_lo, row_hi, first_row;  // the tile's packed rows [row_lo, row_hi), row_lo < 0 in a partial first tile
-    int32_t p_begin;                    // its first position (16-aligned) and tiles of kN positions
-    int num_tiles;
-  };
-  auto item_at = [&](int32_t i) {
-    Item it{};
-    it.kv_head = i % p.num_kv_heads;
-    it.seq = (i / p.num_kv_heads) % p.num_seqs;
-    const int32_t tile = i / (p.num_kv_heads * p.num_seqs);
-    it.seq_len = min(max(p.seq_lens[it.seq], 0), p.max_blocks_per_seq * p.block_size);
-    it.row0 = p.q_start ? p.q_start[it.seq] : int32_t(it.seq);
-    it.run_len = p.q_start ? min(max(p.q_start[it.seq + 1] - it.row0, 0), it.seq_len) : 1;
-    it.row_hi = it.run_len * group - tile * kM;
-    it.row_lo = it.row_hi - kM;
-    it.first_row = max(it.row_lo, 0);
-    if (it.row_hi <= 0) return it;  // no rows: num_tiles 0
-    const int32_t span_begin = query_range(it.seq_len, it.run_len, it.first_row / group, p.sliding_window).begin;
-    const int32_t span_end = query_range(it.seq_len, it.run_len, (it.row_hi - 1) / group, p.sliding_window).end;
-    it.p_begin = span_begin & ~15;
-    it.num_tiles = span_end > it.p_begin ? (span_end - it.p_begin + kN - 1) / kN : 0;
-    return it;
-  };
+  const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
+  const PrefillRows rows{table, seq_len, p.block_size, p.num_kv_heads, kv_head, p.num_blocks, p.page_stride,
+                         p.scale_offset};
   const int wgi = threadIdx.x / 128;
   if (wgi == 0) {
     // ---- producer ----
@@ -123,20 +115,10 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     // stage t % kStages once the consumers gave that stage's operand back.
     // (K of t then V of t made K of t + 1 wait for V's later release: ncu
     // showed the consumers waiting for K.)
-    // Tiles are counted across the CTA's items (done: those of the items
-    // before), so the ring's stages and phases run on from item to item.
-    int done = 0;
-    for (int32_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-    const Item it = item_at(item);
-    if (it.num_tiles == 0) continue;
-    const int num_tiles = it.num_tiles;
-    const PrefillRows rows{&p, p.block_tables + int64_t(it.seq) * p.max_blocks_per_seq, it.seq_len, it.kv_head};
-    auto stage = [&](int t) { return (done + t) % Cfg::kStages; };
     auto wait_empty = [&](int op, int t) {
-      const int g = done + t;
-      if (g >= Cfg::kStages) mbar_wait(bar_empty(op, g % Cfg::kStages), ((g / Cfg::kStages) - 1) & 1);
+      if (t >= Cfg::kStages) mbar_wait(bar_empty(op, t % Cfg::kStages), ((t / Cfg::kStages) - 1) & 1);
     };
-    auto p0_of = [&](int t) { return it.p_begin + t * kN; };
+    auto p0_of = [&](int t) { return p_begin + t * kN; };
     if constexpr (Loader::kTma) {
       // The page ids of tile t + 1 are looked up before the waits of step t.
       typename Loader::Group grp = Loader::lookup(rows, p0_of(0), pt), grp_prev{};
@@ -144,13 +126,13 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
         const typename Loader::Group grp_next = Loader::lookup(rows, p0_of(t + 1), pt);
         if (t < num_tiles) {
           wait_empty(0, t);
-          Loader::load(&p.k_map, p.k_cache, rows, p0_of(t), grp, smem_base + Cfg::kKOffset(stage(t)),
-                       bar_full(0, stage(t)), pt);
+          Loader::load(&p.k_map, p.k_cache, rows, p0_of(t), grp, smem_base + Cfg::kKOffset(t % Cfg::kStages),
+                       bar_full(0, t % Cfg::kStages), pt);
         }
         if (t > 0) {
           wait_empty(1, t - 1);
           Loader::load(&p.v_map, p.v_cache, rows, p0_of(t - 1), grp_prev,
-                       smem_base + Cfg::kVOffset(stage(t - 1)), bar_full(1, stage(t - 1)), pt);
+                       smem_base + Cfg::kVOffset((t - 1) % Cfg::kStages), bar_full(1, (t - 1) % Cfg::kStages), pt);
         }
         grp_prev = grp;
         grp = grp_next;
@@ -163,14 +145,14 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
         if (t < num_tiles) Loader::fetch(p.k_cache, p, Loader::at(rows, p0_of(t), pt), pt, rk);
         if (!Cfg::kFetchSplit && t > 0) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(t - 1), pt), pt, rv);
         if (t < num_tiles) {
-          const int s = stage(t);
+          const int s = t % Cfg::kStages;
           wait_empty(0, t);
           Loader::store(rk, smem + Cfg::kKOffset(s), pt);
           wg::fence_proxy_async();
           mbar_arrive(bar_full(0, s));
         }
         if (t > 0) {
-          const int s = stage(t - 1);
+          const int s = (t - 1) % Cfg::kStages;
           if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(t - 1), pt), pt, rv);
           wait_empty(1, t - 1);
           Loader::store(rv, smem + Cfg::kVOffset(s), pt);
@@ -179,8 +161,6 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
         }
       }
     }
-    done += num_tiles;
-    }
     return;
   }
 
@@ -188,25 +168,6 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   wg::regs_alloc<Cfg::kConsumerRegs>();
   const int cw = wgi - 1;                    // consumer 0 or 1
   const int ct = threadIdx.x % 128;          // the thread in its warpgroup
-  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int quad = lane % 4;
-  // Both consumers walk all of each item's tiles, taking turns (below) from
-  // item to item; consumer 0 issues first.
-  auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
-  auto your_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
-  if (cw == 1) your_turn();
-  int done = 0;  // tiles of the CTA's items before this one (the ring's stages and phases)
-  for (int32_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-  const Item it = item_at(item);
-  if (it.num_tiles == 0) continue;
-  const int kv_head = it.kv_head;
-  const int32_t seq_len = it.seq_len, row0 = it.row0, run_len = it.run_len;
-  const int32_t row_lo = it.row_lo, row_hi = it.row_hi, first_row = it.first_row, p_begin = it.p_begin;
-  const int num_tiles = it.num_tiles;
-  const int32_t* table = p.block_tables + int64_t(it.seq) * p.max_blocks_per_seq;
-  auto range_of = [&](int32_t packed_row) {
-    return query_range(seq_len, run_len, packed_row / group, p.sliding_window);
-  };
   // The warpgroup's 64 rows of Q (zeros outside the run) in the MMA's type,
   // all loads in flight at once, while the producer fills the first stages.
   {
@@ -253,6 +214,8 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       : "r"(uint32_t(bad_page)), "r"(3 + cw)
       : "memory");
   const bool bad = bad_any != 0;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int quad = lane % 4;
   // The warpgroup's rows [wg_lo, wg_lo + 64) and the thread's two, r and r + 8.
   const int32_t wg_lo = row_lo + cw * 64;
   const int32_t wg_first = max(wg_lo, 0), wg_last = wg_lo + 63;
@@ -280,9 +243,12 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // MMAs. A bad run walks its tiles too (the producer does not know it is
   // bad), and its outputs are NaN.
   const int tiles = num_tiles;
-  auto stage_of = [&](int t) { return (done + t) % Cfg::kStages; };
+  auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
+  auto your_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
+  if (cw == 1 && tiles > 0) your_turn();  // consumer 0 issues first
+  auto stage_of = [](int t) { return t % Cfg::kStages; };
   // op 0 = K, 1 = V of tile t.
-  auto wait_full = [&](int op, int t) { mbar_wait(bar_full(op, stage_of(t)), ((done + t) / Cfg::kStages) & 1); };
+  auto wait_full = [&](int op, int t) { mbar_wait(bar_full(op, stage_of(t)), (t / Cfg::kStages) & 1); };
   auto release = [&](int op, int t) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_empty(op, stage_of(t)));
@@ -455,18 +421,15 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // (free once its last QK completed; the swizzle keeps the fragment stores
   // conflict-free), then out in 16-byte units, a row's units by consecutive
   // threads (a token's q heads are consecutive rows of the output).
-  // The item's rows are derived again here rather than kept through the
-  // tile loop (the consumers' registers).
-  const Item e = item_at(item);
   const float qnan = __int_as_float(0x7fc00000);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = l_run[i];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int32_t r = cw * 64 + warp * 16 + lane / 4 + 8 * i, row = e.row_lo + r;  // the tile's row, the run's
-    const bool live = row >= e.first_row && row < e.row_hi;
-    const int32_t h = e.kv_head * group + (live ? row % group : 0);
+    const int32_t r = my_row[i] - row_lo;  // the tile's row
+    const bool live = my_row[i] >= first_row && my_row[i] < row_hi;
+    const int32_t h = kv_head * group + (live ? my_row[i] % group : 0);
     softmax::Merge<softmax::Log2> mg;
     mg.see_max({m_run[i], l});  // a NaN logit's l spreads through the factor
     mg.nan = bad;
@@ -481,7 +444,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       *reinterpret_cast<uint32_t*>(smem + wg::swizzle_offset(kM, r, jj) + 4 * quad) = pack2<Bf16Op>(a, b);
     }
     if (live && p.lse != nullptr && quad == 0) {
-      const int64_t out_row = int64_t(e.row0 + row / group) * p.num_q_heads + h;
+      const int64_t out_row = int64_t(row0 + my_row[i] / group) * p.num_q_heads + h;
       const softmax::State<> st = softmax::to_record(mg.merged(l), m_run[i]);
       softmax::Merge<> ln;
       ln.M = st.m;
@@ -493,15 +456,11 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   constexpr int kUnits = D / 8;
   for (int idx = threadIdx.x % 128; idx < 64 * kUnits; idx += 128) {
     const int32_t r = cw * 64 + idx / kUnits, u = idx % kUnits;
-    const int32_t pr = e.row_lo + r;
-    if (pr < e.first_row || pr >= e.row_hi) continue;
-    const int64_t out_row = int64_t(e.row0 + pr / group) * p.num_q_heads + e.kv_head * group + pr % group;
+    const int32_t pr = row_lo + r;
+    if (pr < first_row || pr >= row_hi) continue;
+    const int64_t out_row = int64_t(row0 + pr / group) * p.num_q_heads + kv_head * group + pr % group;
     *reinterpret_cast<uint4*>(p.out + out_row * D + u * 8) =
         *reinterpret_cast<const uint4*>(smem + wg::swizzle_offset(kM, r, u));
-  }
-  // The rows are out of shared memory before the next item's Q goes there.
-  asm volatile("bar.sync %0, 128;\n" ::"r"(3 + cw) : "memory");
-  done += num_tiles;
   }
 }
 

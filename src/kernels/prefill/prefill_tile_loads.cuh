@@ -23,23 +23,25 @@
 namespace metrale::kernels {
 
 // Where the rows of one sequence's kv head live: byte offsets of a
-// position's row (codes; NVFP4 scales at a separate offset) in a cache. The
-// cache's shape is read from the kernel's parameters (constant space), not
-// copied into registers: the producer's budget is small.
+// position's row (codes; NVFP4 scales at a separate offset) in a cache.
 struct PrefillRows {
-  const RunParams* p;
   const int32_t* table;  // the sequence's block-table row
   int32_t seq_len;
+  int32_t block_size;
+  int32_t num_kv_heads;
   int32_t kv_head;
+  int32_t num_blocks;
+  int64_t page_stride;
+  int64_t scale_offset;
 
   // The row index (t*H + h) inside its page and the page's byte offset, or
   // false where the position has no row to load.
   __device__ __forceinline__ bool locate(int32_t pos, int64_t& page_off, int32_t& row) const {
     if (pos >= seq_len) return false;
-    const int32_t id = __ldg(table + pos / p->block_size);
-    if (id < 0 || id >= p->num_blocks) return false;
-    page_off = int64_t(id) * p->page_stride;
-    row = (pos % p->block_size) * p->num_kv_heads + kv_head;
+    const int32_t id = __ldg(table + pos / block_size);
+    if (id < 0 || id >= num_blocks) return false;
+    page_off = int64_t(id) * page_stride;
+    row = (pos % block_size) * num_kv_heads + kv_head;
     return true;
   }
 };
@@ -86,7 +88,7 @@ struct PrefillTileLoader<Bf16Format, D> {
   __device__ __forceinline__ static Group lookup(const PrefillRows& rows, int32_t p0, int pt) {
     const int32_t pos = p0 + 16 * pt;
     if (pt >= kGroups || pos + 16 > rows.seq_len) return {0, 0};
-    return {__ldg(rows.table + pos / rows.p->block_size), pos % rows.p->block_size};
+    return {__ldg(rows.table + pos / rows.block_size), pos % rows.block_size};
   }
   __device__ __forceinline__ static void load(const CUtensorMap* map, const uint8_t* cache, const PrefillRows& rows,
                                               int32_t p0, const Group& grp, uint32_t tile, uint32_t full, int pt) {
