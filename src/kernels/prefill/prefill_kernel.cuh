@@ -63,7 +63,9 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   const uint32_t smem_base = smem_addr(smem);
   // Per operand (0 = K, 1 = V) and stage: full (the producer's threads
   // arrive, TMA completes its bytes) and empty (the consumers' warps arrive).
-  auto bar_full = [&](int op, int s) { return smem_base + uint32_t(Cfg::kBarOffset + 8 * (2 * op * Cfg::kStages + s)); };
+  auto bar_full = [&](int op, int s) {
+    return smem_base + uint32_t(Cfg::kBarOffset + 8 * (2 * op * Cfg::kStages + s));
+  };
   auto bar_empty = [&](int op, int s) {
     return smem_base + uint32_t(Cfg::kBarOffset + 8 * ((2 * op + 1) * Cfg::kStages + s));
   };

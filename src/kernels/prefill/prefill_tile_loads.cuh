@@ -67,11 +67,11 @@ struct PrefillRowShare {
 // maps: 128-byte swizzle, boxes at 2 KB offsets, so TMA's swizzle is the
 // MMA's). Lane g of the first warp looks up group g's page (lookup, before
 // the stage is free) and issues its boxes, so a tile's page-id loads and
-// box issues run side by side. A group reaching past the sequence's end (its last partial group,
-// and groups past it) is copied row by row with cp.async instead, zeros
-// past the end. Thread 0 announces the boxes' bytes on the full barrier
-// before they are issued; every producer thread arrives once its copies
-// landed.
+// box issues run side by side. A group reaching past the sequence's end
+// (its last partial group, and groups past it) is copied row by row with
+// cp.async instead, zeros past the end. Thread 0 announces the boxes'
+// bytes on the full barrier before they are issued; every producer thread
+// arrives once its copies landed.
 template <int D>
 struct PrefillTileLoader<Bf16Format, D> {
   using Cfg = PrefillConfig<Bf16Format, D>;
