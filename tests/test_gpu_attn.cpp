@@ -252,6 +252,60 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
   }
 }
 
+// Long runs through the prefill kernel: a prompt of 1024-8192 tokens and a
+// chunk of 512-2048 over a cached prefix of up to 30720, every format and
+// head dim, windows, sinks, soft-cap; sampled rows against the float64
+// reference (each row as the decode of its prefix; the whole reference of
+// such runs is too slow), every row against the runs kernel.
+TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
+  for (int iter = 0; iter < 3; ++iter) {
+    DecodeCase c;
+    c.format = kFormats[iter % 3];
+    c.head_dim = int32_t(pick(rng, 64, 128, 256));
+    c.num_kv_heads = int32_t(pick(rng, 1, 2));
+    c.group = int32_t(pick(rng, 1, 4));
+    c.block_size = int32_t(pick(rng, 16, 64));
+    c.sliding_window = int32_t(pick(rng, 0, 0, 4096));
+    const int32_t n0 = int32_t(1024 + rng() % 7169), n1 = int32_t(512 + rng() % 1537), p1 = int32_t(rng() % 30721);
+    c.seq_lens = {n0, n1 + p1};
+    RunsProblem rp(c, {n0, n1}, rng());
+    if (rng() % 2)
+      for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(h % 3 ? float(rng() % 5) - 2.0f : kNoSink);
+    rp.softcap = float(pick(rng, 0, 0, 30));
+    SCOPED_TRACE(c.describe() + " runs " + std::to_string(n0) + ", " + std::to_string(n1) + " over " +
+                 std::to_string(p1) + " softcap " + std::to_string(rp.softcap) + (rp.sinks.empty() ? "" : " sinks"));
+    DeviceRuns dr(rp);
+    DecodePlanOptions o;
+    o.prefill = DecodePrefill::on;
+    const bool with_lse = rng() % 2;
+    EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
+    ASSERT_TRUE(dr.plan.prefill);
+    const std::vector<bf16> out = dr.out_host();
+    const std::vector<float> lse = dr.lse_host();
+    std::vector<int32_t> sample;
+    for (size_t s = 0; s + 1 < rp.q_start.size(); ++s) {
+      const int32_t r0 = rp.q_start[s], n = rp.q_start[s + 1] - r0;
+      sample.push_back(r0);
+      sample.push_back(r0 + n - 1);
+      for (int k = 0; k < 6; ++k) sample.push_back(r0 + int32_t(rng() % uint64_t(n)));
+    }
+    expect_rows_match(rp, sample, out, "prefill kernel", with_lse ? &lse : nullptr);
+    o.prefill = DecodePrefill::off;
+    EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
+    const std::vector<bf16> other = dr.out_host();
+    std::vector<double> ref(other.size());
+    for (size_t i = 0; i < other.size(); ++i) ref[i] = codec::bf16_to_float(other[i]);
+    const Comparison cmp = compare_decode(out.data(), ref, rp.rows(), c.num_q_heads(), c.head_dim, 2e-2);
+    EXPECT_TRUE(cmp.ok) << "prefill kernel against the runs kernel: " << cmp.report;
+    if (HasFailure()) break;
+  }
+}
+
 // Decode with sinks, soft-cap and lse runs the runs kernel (q_start null).
 TEST(GpuAttn, DecodeWithSinksSoftCapAndLse) {
   METRALE_SKIP_WITHOUT_GPU();

@@ -82,4 +82,13 @@ inline std::vector<int32_t> random_runs(const std::vector<int32_t>& lens, int32_
 void expect_runs_match(const RunsProblem& rp, const std::vector<bf16>& out, const std::string& what,
                        const std::vector<float>* lse = nullptr);
 
+// The same comparison for a few rows only (global row indices `rows`),
+// for runs too long for the whole reference: row j of a run of n rows over
+// L positions is the one-row run over the first L - n + j + 1 positions of
+// its sequence (same pages, window, sinks and soft-cap). rp's block tables
+// must hold only pages inside the cache (the whole-run NaN rule of a bad
+// page is not what a prefix's reference sees).
+void expect_rows_match(const RunsProblem& rp, const std::vector<int32_t>& rows, const std::vector<bf16>& out,
+                       const std::string& what, const std::vector<float>* lse = nullptr);
+
 }  // namespace metrale::test
