@@ -171,7 +171,8 @@ int main(int argc, char** argv) {
                   tflops / peak, kernel.c_str(), check.c_str());
       std::fflush(stdout);
       rows.push_back({{"format", fs}, {"shape", sh}, {"us", us}, {"tflops", tflops}, {"fraction_of_peak", tflops / peak},
-                      {"kernel", kernel}, {"head_dim", head_dim}, {"heads", heads}, {"check_max_rel_l2", check_err}, {"l2", l2}});
+                      {"kernel", kernel}, {"head_dim", head_dim}, {"heads", heads}, {"check_max_rel_l2", check_err},
+                      {"l2", l2}});
       failed = failed || check_err > 2e-2;
       cudaFree(q);
       cudaFree(out);

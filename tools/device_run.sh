@@ -14,7 +14,7 @@
 #   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS,
 #   QLEN_T1=0 leaves out the one-column-tile rows); PREFILL_BENCH=1 the prefill table (issue 18:
 #   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS=0 skips the peers);
-#   PREFILL_NCU=1 profiles one prefill kernel with ncu
+#   PREFILL_NCU=1 profiles one prefill kernel with ncu (per-instruction stalls: tools/ncu_sass_stalls.py)
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
 # in .deps/ (see README "Running on the H200").
