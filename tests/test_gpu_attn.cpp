@@ -18,6 +18,8 @@
 namespace metrale::test {
 namespace {
 
+constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
+
 // rp's inputs on the device, and a run of one plan (or forced split count)
 // into poisoned outputs; returns out (and lse).
 struct DeviceRuns {
@@ -80,7 +82,6 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
   std::mt19937_64 rng(seed);
   const char* iters_env = std::getenv("METRALE_GPU_TEST_ITERS");
   const int iters = iters_env ? std::atoi(iters_env) : 40;
-  constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
   for (int iter = 0; iter < iters; ++iter) {
     DecodeCase c;
     c.format = kFormats[iter % 3];
@@ -148,7 +149,7 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+  for (KvFormat f : kFormats) {
     for (int32_t D : {64, 128, 256}) {
       DecodeCase c;
       c.format = f;
@@ -218,7 +219,6 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
   std::mt19937_64 rng(seed);
   const char* iters_env = std::getenv("METRALE_GPU_TEST_ITERS");
   const int iters = iters_env ? std::max(3, std::atoi(iters_env) / 2) : 18;
-  constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
   for (int iter = 0; iter < iters; ++iter) {
     DecodeCase c;
     c.format = kFormats[iter % 3];
@@ -262,7 +262,6 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  constexpr KvFormat kFormats[] = {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4};
   for (int iter = 0; iter < 3; ++iter) {
     DecodeCase c;
     c.format = kFormats[iter % 3];
@@ -312,7 +311,7 @@ TEST(GpuAttn, DecodeWithSinksSoftCapAndLse) {
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+  for (KvFormat f : kFormats) {
     DecodeCase c;
     c.format = f;
     c.seq_lens = {0, 1, 500, 3000};

@@ -130,16 +130,20 @@ struct PrefillRowAt {
   int64_t page_off;
   int32_t row;      // t * H + h inside the page
 };
+// Where the thread's row share of the tile at p0 lives (both dequantising
+// loaders derive their at() from here).
 template <class Share>
-__device__ __forceinline__ PrefillRowAt locate_share(const PrefillRows& rows, int32_t p0, int pt) {
-  PrefillRowAt at{false, 0, 0};
-  at.ok = rows.locate(p0 + Share::token(pt), at.page_off, at.row);
-  return at;
-}
+struct PrefillShareLocator {
+  __device__ __forceinline__ static PrefillRowAt at(const PrefillRows& rows, int32_t p0, int pt) {
+    PrefillRowAt at{false, 0, 0};
+    at.ok = rows.locate(p0 + Share::token(pt), at.page_off, at.row);
+    return at;
+  }
+};
 
 // fp8: 16 codes per vector -> two 16-byte units of f16.
 template <int D>
-struct PrefillTileLoader<Fp8Format, D> {
+struct PrefillTileLoader<Fp8Format, D> : PrefillShareLocator<PrefillRowShare<PrefillConfig<Fp8Format, D>, D / 16>> {
   using Cfg = PrefillConfig<Fp8Format, D>;
   static constexpr bool kTma = false;
   using Share = PrefillRowShare<Cfg, D / 16>;  // 16-byte code vectors per row
@@ -147,9 +151,6 @@ struct PrefillTileLoader<Fp8Format, D> {
   struct Raw {
     uint4 c[kPerThread];
   };
-  __device__ __forceinline__ static PrefillRowAt at(const PrefillRows& rows, int32_t p0, int pt) {
-    return locate_share<Share>(rows, p0, pt);
-  }
   __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams&, const PrefillRowAt& at, int pt,
                                                Raw& raw) {
     const uint4* src = reinterpret_cast<const uint4*>(cache + at.page_off + int64_t(at.row) * D +
@@ -173,7 +174,7 @@ struct PrefillTileLoader<Fp8Format, D> {
 
 // nvfp4: 32 codes and their two group scales per vector -> four units of f16.
 template <int D>
-struct PrefillTileLoader<Nvfp4Format, D> {
+struct PrefillTileLoader<Nvfp4Format, D> : PrefillShareLocator<PrefillRowShare<PrefillConfig<Nvfp4Format, D>, D / 32>> {
   using Cfg = PrefillConfig<Nvfp4Format, D>;
   static constexpr bool kTma = false;
   using Share = PrefillRowShare<Cfg, D / 32>;  // 16-byte code vectors (two scale groups) per row
@@ -182,9 +183,6 @@ struct PrefillTileLoader<Nvfp4Format, D> {
     uint4 c[kPerThread];
     uint32_t s[kPerThread];
   };
-  __device__ __forceinline__ static PrefillRowAt at(const PrefillRows& rows, int32_t p0, int pt) {
-    return locate_share<Share>(rows, p0, pt);
-  }
   __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams& p, const PrefillRowAt& at,
                                                int pt, Raw& raw) {
     const int u0 = Share::first_vector(pt);
