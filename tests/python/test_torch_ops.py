@@ -167,7 +167,8 @@ def _decode_step(spec, scales, sm):
     def step(q, key, value, slots, k_cache, v_cache, table, lens):
         torch.ops.metrale.reshape_and_cache(key, value, slots, k_cache, v_cache, spec, scales)
         out = torch.ops.metrale.decode(q, k_cache, v_cache, table, lens + 1, spec, scales, sm, 0, 0)
-        return out.float().sum(dim=-1)  # torch work after the op joins the same graph
+        # torch work after the op joins the same graph; inductor may sum in another order than eager
+        return out, out.float().sum(dim=-1)
     return step
 
 
@@ -193,7 +194,8 @@ def test_compile_fullgraph_decode_step(rng, fmt, backend):
     kc2, vc2 = p.k_cache.clone(), p.v_cache.clone()
     got = compiled(p.q, key, value, slots, kc2, vc2, p.table, p.lens)
     assert not dynamo.utils.counters["graph_break"], dict(dynamo.utils.counters["graph_break"])
-    assert torch.equal(got, want)
+    assert torch.equal(got[0], want[0])  # the op itself is deterministic
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)  # the mutation is kept through functionalisation
 
 
@@ -238,5 +240,5 @@ def test_cuda_graph_captures_a_decode_step(rng, fmt):
         got = step(p.q, key, value, slots, kc2, vc2, p.table, p.lens)
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(got, want)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # the same kernels replayed
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
