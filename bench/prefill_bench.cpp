@@ -5,9 +5,14 @@
 // Shapes (--shapes, comma list):
 //   N        one prompt of N tokens (no cached prefix)
 //   N+P      a chunk of N new tokens over a cached prefix of P tokens
+//   BxN+P    B sequences, each a chunk of N over P (BxN: B prompts of N);
+//            e.g. 1x16+32768 verifies 16 draft tokens over a 32768-token cache
 //   ragged8  8 prompts of 512, 1024, ..., 4096 tokens in one batch
 // FLOPs: 4 * head_dim * q heads * sum over query rows of the positions each
 // attends (causal, aligned to the end of its sequence; the window bounds it).
+// GB/s: the attended cache read once (the read ceiling's share for short
+// chunks over a long prefix, which are memory-bound). --splits forces a split
+// count (the prefill kernel's split-K through the workspace, with --prefill on).
 // --check compares the plan's kernel with the other one (runs kernel with
 // split-K, or the prefill kernel) at these long shapes, which the float64
 // tests cannot reach (exit 1 on a difference over 2e-2 or a NaN).
@@ -43,9 +48,14 @@ std::vector<Run> parse_shape(const std::string& s) {
     for (int i = 1; i <= 8; ++i) r.push_back({512 * i, 0});
     return r;
   }
-  const size_t plus = s.find('+');
-  if (plus == std::string::npos) return {{std::stoi(s), 0}};
-  return {{std::stoi(s.substr(0, plus)), std::stoi(s.substr(plus + 1))}};
+  const size_t x = s.find('x');
+  const int batch = x == std::string::npos ? 1 : std::stoi(s.substr(0, x));
+  const std::string run = x == std::string::npos ? s : s.substr(x + 1);
+  const size_t plus = run.find('+');
+  const Run r = plus == std::string::npos ? Run{std::stoi(run), 0}
+                                          : Run{std::stoi(run.substr(0, plus)), std::stoi(run.substr(plus + 1))};
+  if (batch < 1 || r.new_tokens < 1 || r.prefix < 0) throw CLI::ValidationError("--shapes", s);
+  return std::vector<Run>(size_t(batch), r);
 }
 
 double prefill_flops(const std::vector<Run>& runs, int32_t q_heads, int32_t head_dim, int32_t window) {
@@ -64,16 +74,18 @@ int main(int argc, char** argv) {
   CLI::App app{"metrale prefill benchmark: query runs over the paged cache"};
   std::string formats = "bf16,fp8,nvfp4", shapes = "1024,4096,8192,16384,2048+30720,ragged8", heads = "32/8";
   std::string prefill = "automatic", json_path;
-  int head_dim = 128, block_size = 16, window = 0;
+  int head_dim = 128, block_size = 16, window = 0, splits = 0;
   double peak = 989.4;
   app.add_option("--formats", formats, "comma list of bf16, fp8, nvfp4");
-  app.add_option("--shapes", shapes, "comma list of N, N+P, ragged8");
+  app.add_option("--shapes", shapes, "comma list of N, N+P, BxN+P, ragged8");
   app.add_option("--heads", heads, "QHEADS/KVHEADS");
   app.add_option("--head-dim", head_dim)->check(CLI::IsMember({64, 128, 256}));
   app.add_option("--block-size", block_size)->check(CLI::IsMember({16, 32, 64, 128}));
   app.add_option("--window", window, "sliding window (0 = off)");
   app.add_option("--prefill", prefill, "automatic | off | on (DecodePlanOptions::prefill)")
       ->check(CLI::IsMember({"automatic", "off", "on"}));
+  app.add_option("--splits", splits, "split count (0 = the planner's; DecodePlanOptions::num_splits)")
+      ->check(CLI::Range(0, int(kMaxSplits)));
   app.add_option("--peak-tflops", peak, "dense BF16 tensor-core peak the fractions are of (H100/H200 SXM: 989.4)");
   app.add_option("--json", json_path, "write rows as JSON");
   std::string l2 = "cold";
@@ -96,6 +108,7 @@ int main(int argc, char** argv) {
               dev.name.c_str(), dev.num_sms, peak, qh, kvh, head_dim, block_size, l2.c_str());
   DecodePlanOptions options;
   options.prefill = decode_prefill_from_string(prefill);
+  options.num_splits = splits;
   const DecodeTarget target = cuda::decode_target();
   nlohmann::json rows = nlohmann::json::array();
   bool failed = false;
@@ -145,7 +158,9 @@ int main(int argc, char** argv) {
           },
           per_graph);
       const double tflops = prefill_flops(runs, qh, head_dim, window) / (us * 1e6);
-      const std::string kernel = plan.prefill ? "prefill" : "runs " + std::to_string(plan.num_splits) + " splits";
+      const double gbps = w.attended_bytes() / (us * 1e3);  // the attended cache read once
+      const std::string kernel =
+          std::string(plan.prefill ? "prefill " : "runs ") + std::to_string(plan.num_splits) + " splits";
       // --check: the other kernel (runs kernel with the planner's splits, or the
       // prefill kernel forced) on replica 0; the worst rel. L2 per (row, head).
       std::string check;
@@ -153,6 +168,7 @@ int main(int argc, char** argv) {
       if (check_kernels) {
         DecodePlanOptions other = options;
         other.prefill = plan.prefill ? DecodePrefill::off : DecodePrefill::on;
+        other.num_splits = 0;
         const DecodePlan alt = plan_decode(decode_problem(args(0), w.max_seq_len(), max_run), target, other);
         const size_t n = size_t(nrows) * row_elems;
         std::vector<bf16> a(n), b(n);
@@ -167,10 +183,10 @@ int main(int argc, char** argv) {
         check = " | vs " + std::string(alt.prefill ? "prefill" : "runs kernel") + ": max rel L2 " +
                 std::to_string(check_err) + (check_err <= 2e-2 ? " ok" : " FAIL");
       }
-      std::printf("%-6s %-12s %10.1f us %7.1f TFLOPS %6.3f P  %s%s\n", fs.c_str(), sh.c_str(), us, tflops,
-                  tflops / peak, kernel.c_str(), check.c_str());
+      std::printf("%-6s %-12s %10.1f us %7.1f TFLOPS %6.3f P %7.0f GB/s  %s%s\n", fs.c_str(), sh.c_str(), us,
+                  tflops, tflops / peak, gbps, kernel.c_str(), check.c_str());
       std::fflush(stdout);
-      rows.push_back({{"format", fs}, {"shape", sh}, {"us", us}, {"tflops", tflops}, {"fraction_of_peak", tflops / peak},
+      rows.push_back({{"format", fs}, {"shape", sh}, {"us", us}, {"tflops", tflops}, {"fraction_of_peak", tflops / peak}, {"gbps", gbps},
                       {"kernel", kernel}, {"head_dim", head_dim}, {"heads", heads}, {"check_max_rel_l2", check_err},
                       {"l2", l2}});
       failed = failed || check_err > 2e-2;

@@ -119,13 +119,17 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
           expect_runs_match(rp, dr.out_host(), what + " registers");
           o.load_path = DecodeLoadPath::automatic;
         }
-        // The prefill kernel (tensor-core tiles of 128 packed rows) on the same runs.
-        if (ns == 1) {
+        // The prefill kernel (tensor-core tiles of 128 packed rows) on the
+        // same runs, with the same split count (0: the planner's; more splits
+        // than a CTA has tiles leave empty records).
+        if (merge == DecodeMerge::automatic) {
           DecodePlanOptions po;
           po.prefill = DecodePrefill::on;
+          po.num_splits = ns;
           EXPECT_TRUE(dr.run(po, with_lse));
           const std::vector<float> lse_p = dr.lse_host();
-          expect_runs_match(rp, dr.out_host(), "prefill kernel", with_lse ? &lse_p : nullptr);
+          expect_runs_match(rp, dr.out_host(), "prefill kernel, splits " + std::to_string(dr.plan.num_splits),
+                            with_lse ? &lse_p : nullptr);
         }
         // The other column tiling where the planner took two n-tiles per CTA.
         if (ns == 3 && dr.plan.col_tiles == 2) {
@@ -189,18 +193,20 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
           if (D > 128) break;  // one column tile only
         }
       }
-      {
+      for (int32_t ns : {1, 3, 12}) {
         DecodePlanOptions o;
         o.prefill = DecodePrefill::on;
+        o.num_splits = ns;
         EXPECT_TRUE(dr.run(o, true));
         const std::vector<float> lse = dr.lse_host();
         const std::vector<bf16> out = dr.out_host();
-        expect_runs_match(rp, out, "prefill kernel", &lse);
+        const std::string what = "prefill kernel, splits " + std::to_string(ns);
+        expect_runs_match(rp, out, what, &lse);
         const int32_t H = c.num_q_heads(), row1 = rp.q_start[1];
-        EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[size_t(rp.q_start[0]) * H * D]))) << "prefill";
-        EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + c.group) * D]))) << "prefill";
-        EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 9) * H + c.group) * D]))) << "prefill";
-        EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + 0) * D]))) << "prefill";
+        EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[size_t(rp.q_start[0]) * H * D]))) << what;
+        EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + c.group) * D]))) << what;
+        EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 9) * H + c.group) * D]))) << what;
+        EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + 0) * D]))) << what;
       }
       EXPECT_TRUE(dr.k.guards_intact() && dr.out.guards_intact());
       if (HasFailure()) return;
@@ -239,13 +245,16 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
     SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
                  (rp.sinks.empty() ? "" : " sinks"));
     DeviceRuns dr(rp);
-    for (DecodePrefill pf : {DecodePrefill::on, DecodePrefill::automatic}) {
-      DecodePlanOptions o;
-      o.prefill = pf;
+    for (int32_t variant = 0; variant < 3; ++variant) {
+      DecodePlanOptions o;  // forced single pass, forced splits, the planner's choice
+      o.prefill = variant < 2 ? DecodePrefill::on : DecodePrefill::automatic;
+      if (variant == 1) o.num_splits = int32_t(2 + rng() % 11);
       const bool with_lse = rng() % 2;
       EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
       const std::vector<float> lse = dr.lse_host();
-      expect_runs_match(rp, dr.out_host(), dr.plan.prefill ? "prefill kernel" : "runs kernel",
+      expect_runs_match(rp, dr.out_host(),
+                        std::string(dr.plan.prefill ? "prefill kernel" : "runs kernel") + ", splits " +
+                            std::to_string(dr.plan.num_splits),
                         with_lse ? &lse : nullptr);
     }
     if (HasFailure()) break;
@@ -301,6 +310,14 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     for (size_t i = 0; i < other.size(); ++i) ref[i] = codec::bf16_to_float(other[i]);
     const Comparison cmp = compare_decode(out.data(), ref, rp.rows(), c.num_q_heads(), c.head_dim, 2e-2);
     EXPECT_TRUE(cmp.ok) << "prefill kernel against the runs kernel: " << cmp.report;
+    // Split-K through the workspace, every row against the single pass.
+    o.prefill = DecodePrefill::on;
+    o.num_splits = int32_t(2 + rng() % 15);
+    EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
+    const std::vector<bf16> split = dr.out_host();
+    const Comparison cmp_split = compare_decode(split.data(), ref, rp.rows(), c.num_q_heads(), c.head_dim, 2e-2);
+    EXPECT_TRUE(cmp_split.ok) << "prefill kernel, " << o.num_splits << " splits, against the runs kernel: "
+                              << cmp_split.report;
     if (HasFailure()) break;
   }
 }

@@ -233,8 +233,10 @@ TEST(Planner, QueryRunsTileTheirColumns) {
 }
 
 // Long runs take the prefill kernel where its grid (a CTA per 128 packed rows
-// of a kv head) fills half the SMs; short ones, and few CTAs over a long
-// context, the runs kernel with its splits.
+// of a kv head and split) fills half the SMs: long prompts in one pass, short
+// chunks over a long context with splits of >= kPrefillMinTokensPerSplit
+// positions merged through the workspace; short runs, and few CTAs over a
+// short context, the runs kernel.
 TEST(Planner, LongRunsTakeThePrefillKernel) {
   DecodeProblem p = problem(1, 8, 4, 8192);
   p.max_q_len = 8192;  // a prompt: 256 tiles of 128 rows per kv head
@@ -248,24 +250,52 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   p.max_q_len = 16;  // verification: 64 rows per kv head
   EXPECT_FALSE(plan_decode(p, gpu_like(1000)).prefill);
   DecodeProblem chunk = problem(1, 8, 4, 32768);
-  chunk.max_q_len = 64;  // 2 tiles x 8 kv heads: 16 CTAs over 32768 positions
-  EXPECT_FALSE(plan_decode(chunk, gpu_like(1000)).prefill);
+  chunk.max_q_len = 64;  // 2 tiles x 8 kv heads: 16 CTAs over 32768 positions, split 8 ways
+  chunk.num_q_rows = 64;
+  const DecodePlan split = plan_decode(chunk, gpu_like(1000));
+  EXPECT_TRUE(split.prefill);
+  EXPECT_EQ(split.num_splits, kH200Sms / 16);
+  EXPECT_EQ(split.merge, DecodeMerge::workspace);
+  EXPECT_EQ(split.workspace_bytes, splitk_workspace_bytes(64, 32, 128, split.num_splits));
+  DecodeProblem short_ctx = chunk;
+  short_ctx.max_seq_len = 1536;  // one split of >= 1024 positions: 16 CTAs, the runs kernel
+  EXPECT_FALSE(plan_decode(short_ctx, gpu_like(1000)).prefill);
   chunk.max_q_len = 2048;
+  EXPECT_EQ(plan_decode(chunk, gpu_like(1000)).num_splits, 1);
   EXPECT_TRUE(plan_decode(chunk, gpu_like(1000)).prefill);
-  // Forced: on needs query runs and a single pass; off keeps the runs kernel.
+  // Forced: on needs query runs; it takes forced split counts (through the
+  // workspace), not the cluster merge; off keeps the runs kernel.
   DecodePlanOptions o;
   o.prefill = DecodePrefill::on;
   chunk.max_q_len = 64;
   EXPECT_TRUE(plan_decode(chunk, gpu_like(1000), o).prefill);
   EXPECT_THROW(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000), o), Unsupported);  // decode
   o.num_splits = 4;
+  const DecodePlan forced = plan_decode(chunk, gpu_like(1000), o);
+  EXPECT_TRUE(forced.prefill);
+  EXPECT_EQ(forced.num_splits, 4);
+  EXPECT_EQ(forced.merge, DecodeMerge::workspace);
+  o.merge = DecodeMerge::single_pass;
+  EXPECT_THROW(plan_decode(chunk, gpu_like(1000), o), InvalidArgument);
+  o.merge = DecodeMerge::cluster;
   EXPECT_THROW(plan_decode(chunk, gpu_like(1000), o), Unsupported);
+  o = {};
+  o.prefill = DecodePrefill::on;
+  o.merge = DecodeMerge::workspace;  // one split's records and the reduce
+  EXPECT_EQ(plan_decode(short_ctx, gpu_like(1000), o).merge, DecodeMerge::workspace);
+  o = {};
+  o.num_splits = 1;  // no splits: the runs kernel's single pass
+  o.merge = DecodeMerge::single_pass;
+  EXPECT_FALSE(plan_decode(chunk, gpu_like(1000), o).prefill);
+  chunk.max_q_len = 2048;  // but a grid that fills the GPU takes the prefill kernel in one pass
+  EXPECT_TRUE(plan_decode(chunk, gpu_like(1000), o).prefill);
+  chunk.max_q_len = 64;
   o = {};
   o.prefill = DecodePrefill::off;
   p.max_q_len = 8192;
   EXPECT_FALSE(plan_decode(p, gpu_like(1000), o).prefill);
   o = {};
-  o.num_splits = 3;  // a forced split count keeps the runs kernel
+  o.num_splits = 3;  // a forced split count (but 1) keeps the runs kernel
   EXPECT_FALSE(plan_decode(p, gpu_like(1000), o).prefill);
   // Beyond the grid's y (sequences): the runs kernel, or Unsupported when forced.
   DecodeProblem many = problem(70000, 8, 4, 4096);

@@ -60,7 +60,8 @@ enum class DecodeMerge : uint8_t { automatic, single_pass, cluster, workspace };
 // Whether a CTA serves two adjacent kv heads of head_dim 64 as one of 128.
 enum class DecodePairing : uint8_t { automatic, off, on };
 // Whether query runs take the prefill kernel (tensor-core tiles of 128
-// packed (query row, q head) rows per CTA, single pass; kernels/prefill)
+// packed (query row, q head) rows per CTA, split-K through the workspace;
+// kernels/prefill)
 // instead of the runs kernel (8-16 columns per CTA, split-K).
 enum class DecodePrefill : uint8_t { automatic, off, on };
 
@@ -84,7 +85,7 @@ struct DecodePlanOptions {
   DecodeLoadPath load_path = DecodeLoadPath::automatic;
   DecodeMerge merge = DecodeMerge::automatic;
   int32_t col_tiles = 0;  // runs kernel: 0 = the planner's; 1 or 2 n-tiles of 8 columns per CTA
-  DecodePrefill prefill = DecodePrefill::automatic;  // on: query runs in the prefill kernel (single pass)
+  DecodePrefill prefill = DecodePrefill::automatic;  // on: query runs in the prefill kernel
 };
 
 // One decode kernel instantiation: format x the kernel's head_dim (128 for a
@@ -96,7 +97,7 @@ struct DecodeKernelId {
   bool pair_kv_heads = false;
   bool runs = false;  // the query-runs kernel (runs of several rows, sinks, soft-cap, lse)
   int32_t col_tiles = 1;  // runs kernel: n-tiles of 8 (query row, q head) columns per CTA
-  bool prefill = false;   // the prefill kernel (query runs, single pass; format x head_dim)
+  bool prefill = false;   // the prefill kernel (query runs; format x head_dim)
 };
 
 // What the planner knows of the machine that runs the plan:
@@ -121,8 +122,9 @@ struct DecodePlan {
   int32_t kv_units = 0;      // kv heads (or pairs) per sequence
   int32_t unit_group = 0;    // q heads per kv unit
   int32_t col_tiles = 1;     // n-tiles of 8 columns per CTA (geometry::runs_col_tiles)
-  // The prefill kernel: grid (kv_units, num_seqs, head_tiles), a CTA per
-  // (kv head, sequence, tile of kPrefillRowsPerCta packed rows of its run).
+  // The prefill kernel: grid (kv_units * num_splits, num_seqs, head_tiles), a
+  // CTA per (split, kv head, sequence, tile of kPrefillRowsPerCta packed rows
+  // of its run); its splits merge through the workspace.
   bool prefill = false;
   int32_t head_tiles = 0;    // tiles of 8 * col_tiles columns (prefill: of 128 rows) per kv unit
   int64_t ctas_per_seq = 0;  // kv_units * head_tiles

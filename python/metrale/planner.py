@@ -44,7 +44,8 @@ class Planner:
     ("automatic", "single_pass", "cluster", "workspace"), ``prefill``
     ("automatic", "off", "on": query runs in the tensor-core prefill kernel,
     ``plan.prefill``; the planner takes it for runs of at least 128 (row, q
-    head) pairs per kv head when its grid fills half the GPU). The planner owns
+    head) pairs per kv head when its grid, split over a long context where
+    needed (merged through the workspace), fills half the GPU). The planner owns
     the split-K workspace the plan needs on `device` (allocated once here,
     never in ``run``). ``run`` enqueues what the plan says without
     synchronising or allocating when ``out`` is given, so it can be captured

@@ -43,7 +43,11 @@ constexpr int32_t runs_col_tiles(int32_t head_dim, int64_t columns) {
 // split the pages).
 constexpr int32_t kPrefillRowsPerCta = 128;
 constexpr int32_t kPrefillMinRows = 128;
-// Its grid is (kv heads, sequences, tiles): y and z at most 65535.
+// Its splits (split-K, where its grid alone would leave SMs idle) hold at
+// least this many positions: 8 tiles of 128, against a CTA's fixed costs
+// (its Q, the ring's fill, a record of 128 rows). Not tuned by measurement.
+constexpr int32_t kPrefillMinTokensPerSplit = 1024;
+// Its grid is (kv heads x splits, sequences, tiles): y and z at most 65535.
 constexpr int64_t kPrefillMaxGridYZ = 65535;
 
 // head_dim 64: a CTA serves two adjacent kv heads as one head of head_dim

@@ -141,11 +141,11 @@ int64_t attended_len(const DecodeProblem& p) {
 }
 
 // The planner's split count for a grid of base_ctas CTAs per split: fill one
-// resident wave, but never splits shorter than kMinTokensPerSplit.
-int32_t fill_splits(int64_t base_ctas, int64_t attended, int64_t wave) {
+// resident wave, but never splits shorter than min_tokens.
+int32_t fill_splits(int64_t base_ctas, int64_t attended, int64_t wave, int64_t min_tokens = kMinTokensPerSplit) {
   if (base_ctas <= 0 || base_ctas >= wave) return 1;
   const int64_t by_fill = wave / base_ctas;  // stay within one resident wave
-  const int64_t by_length = std::max<int64_t>(1, attended / kMinTokensPerSplit);
+  const int64_t by_length = std::max<int64_t>(1, attended / min_tokens);
   return int32_t(std::clamp<int64_t>(std::min(by_fill, by_length), 1, kMaxSplits));
 }
 
@@ -180,19 +180,28 @@ int32_t runs_col_tiles_for(const DecodeProblem& p, const DecodeTarget& target, i
 bool prefill_loads(const DecodeProblem& p, const DecodeTarget& target) {
   return p.layout.format != KvFormat::bf16 || target.tma;
 }
+// The prefill kernel's split count for a grid of `ctas` CTAs per split:
+// single pass where they fill half the GPU's SMs (one CTA per SM), else as
+// many splits as fill one CTA per SM, none shorter than
+// kPrefillMinTokensPerSplit positions.
+int32_t prefill_splits(const DecodeProblem& p, const DecodeTarget& target, int64_t ctas) {
+  if (2 * ctas >= target.num_sms) return 1;
+  return fill_splits(ctas, attended_len(p), target.num_sms, kPrefillMinTokensPerSplit);
+}
 // Query runs take the prefill kernel where a kv head has at least
-// kPrefillMinRows packed rows and its grid (one CTA per 128 rows, single
-// pass) fills half the GPU's SMs (one CTA per SM); fewer CTAs over a long
-// context leave the SMs idle that the runs kernel's splits would fill.
-// Forced split counts, column tiles or a split-K merge keep the runs kernel.
+// kPrefillMinRows packed rows and its grid (one CTA per 128 rows and split)
+// fills half the GPU's SMs; fewer CTAs (a short context) leave the SMs idle
+// that the runs kernel's splits would fill. Forced split counts (but 1),
+// column tiles or the cluster merge keep the runs kernel.
 bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t kv_units, int64_t columns,
                    int64_t tiles, const DecodePlanOptions& opt) {
   if (!prefill_loads(p, target)) return false;
   if (!p.runs_kernel() || opt.num_splits > 1 || opt.col_tiles > 0 || columns < kPrefillMinRows) return false;
-  if (opt.merge != DecodeMerge::automatic && opt.merge != DecodeMerge::single_pass) return false;
+  if (opt.merge == DecodeMerge::cluster) return false;
   if (p.num_seqs > kPrefillMaxGridYZ || tiles > kPrefillMaxGridYZ) return false;  // the grid's y and z
   const int64_t ctas = int64_t(p.num_seqs) * kv_units * tiles;
-  return 2 * ctas >= target.num_sms;
+  const bool one = opt.num_splits == 1 || opt.merge == DecodeMerge::single_pass;
+  return 2 * ctas * (one ? 1 : prefill_splits(p, target, ctas)) >= target.num_sms;
 }
 }  // namespace
 
@@ -241,9 +250,9 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
       break;
     case DecodePrefill::off: plan.prefill = false; break;
     case DecodePrefill::on:
-      if (!runs || opt.num_splits > 1 || opt.col_tiles > 0 || plan.pair_kv_heads)
+      if (!runs || opt.col_tiles > 0 || plan.pair_kv_heads || opt.merge == DecodeMerge::cluster)
         detail::throw_unsupported("prefill", "on",
-                                  "query runs (or attention options), single pass, no col_tiles or pairing");
+                                  "query runs (or attention options), no col_tiles, pairing or cluster merge");
       if (!prefill_loads(p, target))
         detail::throw_unsupported("prefill", "on", "a target that encodes TMA tensor maps for a bf16 cache");
       plan.prefill = true;
@@ -256,11 +265,17 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
       detail::throw_unsupported("prefill", "on", "num_seqs <= 65535 (the grid's y)");
     plan.head_tiles = int32_t(prefill_tiles);
     plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
-    plan.num_splits = 1;
-    plan.merge = DecodeMerge::single_pass;
+    plan.num_splits = opt.num_splits > 0                    ? opt.num_splits
+                      : opt.merge == DecodeMerge::single_pass ? 1
+                                                              : prefill_splits(p, target, plan.grid_x(p.num_seqs));
+    if (opt.merge == DecodeMerge::single_pass && plan.num_splits != 1)
+      detail::throw_invalid("merge", "single_pass", "num_splits 1");
+    // Its splits merge through the workspace (no cluster merge).
+    plan.merge = plan.num_splits == 1 && opt.merge != DecodeMerge::workspace ? DecodeMerge::single_pass
+                                                                               : DecodeMerge::workspace;
     plan.load_path = p.layout.format == KvFormat::bf16 ? DecodeLoadPath::tma : DecodeLoadPath::registers;
-    if (opt.merge != DecodeMerge::automatic && opt.merge != DecodeMerge::single_pass)
-      detail::throw_unsupported("merge", to_string(opt.merge), "single_pass with the prefill kernel");
+    if (plan.merge == DecodeMerge::workspace)
+      plan.workspace_bytes = splitk_workspace_bytes(decode_problem_rows(p), p.num_q_heads, D, plan.num_splits);
     return plan;
   }
   plan.col_tiles = opt.col_tiles > 0 ? opt.col_tiles : runs_col_tiles_for(p, target, plan.kv_units, columns, wave);

@@ -307,6 +307,15 @@ def test_gpu_prefill_kernel_long_runs(rng, fmt, window):
     if DEV == "cuda":
         torch.cuda.synchronize()
     check(out, other.double(), tol=2e-2)
+    # The prefill kernel's split-K (records through the planner's workspace, then the reduce).
+    split_plan = metrale.Planner(S, Hq, b.cache.layout, max(lens), sliding_window=window, device=DEV,
+                                 max_q_len=max(runs), num_q_rows=rows, prefill="on", num_splits=5)
+    assert split_plan.num_splits == 5 and split_plan.plan.merge == "workspace", split_plan.plan
+    split = poisoned(rows, Hq, D)
+    split_plan.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, split)
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    check(split, other.double(), tol=2e-2)
     # Sampled rows: row j of sequence i is the decode of the prefix of length L - n + j + 1.
     for j_frac in (0.0, 0.37, 0.81, 1.0):
         sample_q = np.empty((S, Hq, D), dtype=np.uint16)

@@ -137,9 +137,11 @@ void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspac
   if (plan.prefill) {
     METRALE_CHECK_ARG(a.num_seqs <= geometry::kPrefillMaxGridYZ, "num_seqs", a.num_seqs,
                       "<= 65535 for the prefill kernel (its grid's y)");
-    const RunParams p = make_params(plan, a, nullptr);
+    const RunParams p = make_params(plan, a, workspace);
+    // Grid (kv heads x splits, sequences, tiles of each run's rows).
     prefill_kernels(plan.problem.layout.format)(
-        p, plan.kernel(), dim3(unsigned(plan.kv_units), unsigned(a.num_seqs), unsigned(plan.head_tiles)), stream);
+        p, plan.kernel(),
+        dim3(unsigned(plan.kv_units * plan.num_splits), unsigned(a.num_seqs), unsigned(plan.head_tiles)), stream);
     return;
   }
   const int64_t grid_x = plan.grid_x(a.num_seqs);

@@ -70,7 +70,9 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     return smem_base + uint32_t(Cfg::kBarOffset + 8 * ((2 * op + 1) * Cfg::kStages + s));
   };
 
-  const int kv_head = blockIdx.x;
+  // blockIdx.x = split * num_kv_heads + kv head (split-K: p.num_splits > 1).
+  const int kv_head = int(blockIdx.x % unsigned(p.num_kv_heads));
+  const int split = int(blockIdx.x / unsigned(p.num_kv_heads));
   const int64_t seq = blockIdx.y;
   const int tile = blockIdx.z;  // from the run's end
 
@@ -89,8 +91,14 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     return query_range(seq_len, run_len, packed_row / group, p.sliding_window);
   };
   const int32_t span_begin = range_of(first_row).begin, span_end = range_of(row_hi - 1).end;
-  const int32_t p_begin = span_begin & ~15;
-  const int num_tiles = span_end > p_begin ? (span_end - p_begin + kN - 1) / kN : 0;
+  // The span's tiles from a page-group boundary; a split takes its share
+  // [t_lo, t_hi) of them (none: an empty record).
+  const int32_t span_first = span_begin & ~15;
+  const int span_tiles = span_end > span_first ? (span_end - span_first + kN - 1) / kN : 0;
+  const int t_lo = split * span_tiles / p.num_splits;  // < 2^31: span_tiles < 2^24, splits <= 256
+  const int t_hi = (split + 1) * span_tiles / p.num_splits;
+  const int32_t p_begin = span_first + t_lo * kN;
+  const int num_tiles = t_hi - t_lo;
 
   if (threadIdx.x == 0) {
     for (int op = 0; op < 2; ++op)
@@ -416,14 +424,18 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     release(1, tiles - 1);
   }
 
-  // ---- epilogue: the rows' outputs (and lse) ----
+  // ---- epilogue: the rows' outputs (and lse), or their split's records ----
   // A row's outputs are its sums times one factor (softmax_state.hpp's
   // finalize as a multiply: NaN, 0 for a row that attends nothing, else
   // v_factor / denominator). They go as bf16 into the warpgroup's own Q rows
   // (free once its last QK completed; the swizzle keeps the fragment stores
   // conflict-free), then out in 16-byte units, a row's units by consecutive
   // threads (a token's q heads are consecutive rows of the output).
+  // Split-K (p.workspace): the split's record of each row instead (its
+  // normalised outputs and state, SYSTEM.md 4; the sink joins only the
+  // reduce's final normalisation, which also writes lse).
   const float qnan = __int_as_float(0x7fc00000);
+  float* const records = p.workspace;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = l_run[i];
@@ -432,21 +444,29 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     const int32_t r = my_row[i] - row_lo;  // the tile's row
     const bool live = my_row[i] >= first_row && my_row[i] < row_hi;
     const int32_t h = kv_head * group + (live ? my_row[i] % group : 0);
+    const int64_t out_row = int64_t(row0 + (live ? my_row[i] / group : 0)) * p.num_q_heads + h;
     softmax::Merge<softmax::Log2> mg;
     mg.see_max({m_run[i], l});  // a NaN logit's l spreads through the factor
     mg.nan = bad;
     constexpr float kLog2e = 1.4426950408889634f;
-    if (p.sinks && live) mg.sink = p.sinks[h] * kLog2e;
+    if (p.sinks && live && records == nullptr) mg.sink = p.sinks[h] * kLog2e;
     const bool empty = !mg.nan && mg.M == kNegInf;
     const float factor = mg.nan ? qnan : (empty ? 0.0f : p.v_factor / mg.denominator(l));
+    float* const rec =
+        records != nullptr && live
+            ? records + softmax::record_index(out_row, p.num_splits, split) * softmax::record_floats(D)
+            : nullptr;
 #pragma unroll
     for (int jj = 0; jj < D / 8; ++jj) {
       const float a = empty ? 0.0f : o[4 * jj + 2 * i] * factor;
       const float b = empty ? 0.0f : o[4 * jj + 2 * i + 1] * factor;
-      *reinterpret_cast<uint32_t*>(smem + wg::swizzle_offset(kM, r, jj) + 4 * quad) = pack2<Bf16Op>(a, b);
+      if (records == nullptr)
+        *reinterpret_cast<uint32_t*>(smem + wg::swizzle_offset(kM, r, jj) + 4 * quad) = pack2<Bf16Op>(a, b);
+      else if (rec != nullptr)
+        *reinterpret_cast<float2*>(rec + 8 * jj + 2 * quad) = make_float2(a, b);
     }
-    if (live && p.lse != nullptr && quad == 0) {
-      const int64_t out_row = int64_t(row0 + my_row[i] / group) * p.num_q_heads + h;
+    if (rec != nullptr && quad == 0) softmax::store_state(rec, D, softmax::to_record(mg.merged(l), m_run[i]));
+    if (live && p.lse != nullptr && quad == 0) {  // (split-K: null, the reduce's)
       const softmax::State<> st = softmax::to_record(mg.merged(l), m_run[i]);
       softmax::Merge<> ln;
       ln.M = st.m;
@@ -454,6 +474,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       p.lse[out_row] = ln.lse(st.l);
     }
   }
+  if (records != nullptr) return;
   asm volatile("bar.sync %0, 128;\n" ::"r"(3 + cw) : "memory");  // the warpgroup's rows are in shared memory
   constexpr int kUnits = D / 8;
   for (int idx = threadIdx.x % 128; idx < 64 * kUnits; idx += 128) {
