@@ -199,6 +199,52 @@ def test_compile_fullgraph_decode_step(rng, fmt, backend):
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)  # the mutation is kept through functionalisation
 
 
+def _chunk_step(spec, scales, sm, max_q_len):
+    def step(q, key, value, slots, k_cache, v_cache, q_start, table, lens):
+        torch.ops.metrale.reshape_and_cache(key, value, slots, k_cache, v_cache, spec, scales)
+        out = torch.ops.metrale.attend(q, k_cache, v_cache, q_start, table, lens, None, spec, scales, sm, 0, 0.0,
+                                       max_q_len, 0)
+        return out, out.float().sum(dim=-1)
+    return step
+
+
+def _chunk_inputs(rng, p, runs, device="cpu"):
+    """A chunked-prefill step's inputs: the last runs[i] tokens of sequence i are new
+    (their K/V written by the step, their queries attend causally)."""
+    table, lens = p.table.cpu().numpy(), p.lens_np
+    slots = np.concatenate([table[i, np.arange(n - r, n) // p.B].astype(np.int64) * p.B + np.arange(n - r, n) % p.B
+                            for i, (n, r) in enumerate(zip(lens, runs))])
+    rows = int(sum(runs))
+    key = bf16(rng.standard_normal((rows, p.Hkv, p.D)), device)
+    value = bf16(rng.standard_normal((rows, p.Hkv, p.D)), device)
+    q = bf16(rng.standard_normal((rows, p.Hq, p.D)), device)
+    q_start = torch.from_numpy(np.concatenate([[0], np.cumsum(runs)]).astype(np.int32)).to(device)
+    return q, key, value, torch.from_numpy(slots).to(device), q_start
+
+
+@pytest.mark.parametrize("fmt,backend", [("fp8", "inductor"), ("bf16", "aot_eager")])
+def test_compile_fullgraph_chunked_prefill_step(rng, fmt, backend):
+    """A chunked-prefill step (write the chunk's K/V, attend its queries over the cache) under
+    torch.compile(fullgraph=True): no graph break, and the result of eager execution."""
+    import torch._dynamo as dynamo
+    p = Problem(rng, fmt, lens=(37, 16, 5, 70))
+    p.write()
+    runs = [9, 16, 1, 33]
+    q, key, value, slots, q_start = _chunk_inputs(rng, p, runs)
+    step = _chunk_step(p.spec, p.scales, 1 / math.sqrt(p.D), max(runs))
+    kc, vc = p.k_cache.clone(), p.v_cache.clone()
+    want = step(q, key, value, slots, kc, vc, q_start, p.table, p.lens)
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    kc2, vc2 = p.k_cache.clone(), p.v_cache.clone()
+    got = compiled(q, key, value, slots, kc2, vc2, q_start, p.table, p.lens)
+    assert not dynamo.utils.counters["graph_break"], dict(dynamo.utils.counters["graph_break"])
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+
 def test_ops_reject_bad_layout_spec(rng):
     p = Problem(rng, "bf16")
     with pytest.raises(ValueError, match="layout"):
@@ -242,3 +288,33 @@ def test_cuda_graph_captures_a_decode_step(rng, fmt):
     torch.cuda.synchronize()
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # the same kernels replayed
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+
+@gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("runs", [(600, 700, 1, 513), (128, 64, 1, 32), (30, 9, 1, 17)],
+                         ids=["long-chunks", "mid-chunks", "short-chunks"])
+def test_cuda_graph_captures_a_chunked_prefill_step(rng, fmt, runs):
+    """A chunked-prefill step captured in a CUDA graph and replayed, with the planner's kernel:
+    long chunks (the prefill kernel), chunks of a few hundred packed rows (whichever the
+    planner picks) and short ones (the runs kernel)."""
+    p = Problem(rng, fmt, device="cuda", lens=(700, 3000, 1, 1400), Hq=16, Hkv=4, D=128)
+    p.write()
+    q, key, value, slots, q_start = _chunk_inputs(rng, p, runs, "cuda")
+    step = _chunk_step(p.spec, p.scales, 1 / math.sqrt(p.D), max(runs))
+    kc, vc = p.k_cache.clone(), p.v_cache.clone()
+    want = step(q, key, value, slots, kc, vc, q_start, p.table, p.lens)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up: plans made outside the capture
+        step(q, key, value, slots, p.k_cache.clone(), p.v_cache.clone(), q_start, p.table, p.lens)
+    torch.cuda.current_stream().wait_stream(s)
+    kc2, vc2 = p.k_cache.clone(), p.v_cache.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = step(q, key, value, slots, kc2, vc2, q_start, p.table, p.lens)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+    assert not torch.isnan(got[0]).any()
