@@ -6,6 +6,7 @@
 #
 #   tools/prefill_ab.sh OUT_DIR NAME=BINARY [NAME=BINARY ...]
 #   PREFILL_AB_ARGS   options for every binary (default: the d128 shapes)
+#   PREFILL_AB_ARGS_<NAME>  more options for that one (e.g. --load-path registers)
 # The binaries come from tools/build_prefill_variants.sh (one per branch).
 set -uo pipefail
 OUT=$1
@@ -15,7 +16,8 @@ args=${PREFILL_AB_ARGS:---head-dim 128}
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for nb in "$@"; do
     name=${nb%%=*} bin=${nb#*=}
-    "$bin" $args --json "$OUT/${name}_$r.json" >"$OUT/${name}_$r.log" 2>&1 || echo "$name round $r: rc $?"
+    extra_var="PREFILL_AB_ARGS_$name"
+    "$bin" $args ${!extra_var:-} --json "$OUT/${name}_$r.json" >"$OUT/${name}_$r.log" 2>&1 || echo "$name round $r: rc $?"
   done
 done
 python3 - "$OUT" "$@" <<'PY'
