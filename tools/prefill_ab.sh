@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Before/after timing of several prefill_bench binaries in one device call:
+# ROUNDS rounds (default 2), the binaries in turn within each round, so that
+# clock and thermal drift fall on all; then, per (format, shape), the best
+# TFLOPS of each binary and its ratio to the first.
+#
+#   tools/prefill_ab.sh OUT_DIR NAME=BINARY [NAME=BINARY ...]
+#   PREFILL_AB_ARGS   options for every binary (default: the d128 shapes)
+#   PREFILL_AB_ARGS_<NAME>  more options for that one (e.g. --load-path registers)
+# The binaries come from tools/build_prefill_variants.sh (one per branch).
+set -uo pipefail
+OUT=$1
+shift
+mkdir -p "$OUT"
+args=${PREFILL_AB_ARGS:---head-dim 128}
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for nb in "$@"; do
+    name=${nb%%=*} bin=${nb#*=}
+    extra_var="PREFILL_AB_ARGS_$name"
+    "$bin" $args ${!extra_var:-} --json "$OUT/${name}_$r.json" >"$OUT/${name}_$r.log" 2>&1 || echo "$name round $r: rc $?"
+  done
+done
+python3 - "$OUT" "$@" <<'PY'
+import glob, json, os, sys
+out, names = sys.argv[1], [a.split("=", 1)[0] for a in sys.argv[2:]]
+best = {}
+for n in names:
+    for p in sorted(glob.glob(os.path.join(out, f"{n}_*.json"))):
+        for r in json.load(open(p))["rows"]:
+            k = (r["format"], r["shape"])
+            best.setdefault(n, {})[k] = max(best.get(n, {}).get(k, 0.0), r["tflops"])
+keys = list(best.get(names[0], {}))
+print(f"{'format':<7}{'shape':<16}" + "".join(f"{n[:18]:>20}" for n in names))
+for k in keys:
+    base = best[names[0]][k]
+    cells = [f"{best[n].get(k, float('nan')):8.1f} ({best[n].get(k, float('nan')) / base:4.2f})" for n in names]
+    print(f"{k[0]:<7}{k[1]:<16}" + "".join(f"{c:>20}" for c in cells))
+PY
