@@ -15,7 +15,7 @@ for b in "$@"; do
   git checkout -q "$b"
   touch src/kernels/prefill/*.cu src/kernels/decode/decode.cu  # ninja's timestamps after a checkout
   ninja -C build bench/prefill_bench tests/test_gpu_attn >/dev/null
-  name=$(echo "$b" | tr '/' '_')
+  name=$(echo "$b" | tr -c 'A-Za-z0-9_\n' '_')  # a shell name: PREFILL_AB_ARGS_<name>
   mkdir -p ".deps/ab/$name"
   for bin in build/bench/prefill_bench build/tests/test_gpu_attn; do
     strip -o ".deps/ab/$name/$(basename "$bin")" "$bin"
