@@ -15,7 +15,8 @@
 #   QLEN_T1=0 leaves out the one-column-tile rows); PREFILL_BENCH=1 the prefill table (issue 18:
 #   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS=0 skips the peers);
 #   PREFILL_NCU=1 profiles one prefill kernel with ncu (per-instruction stalls: tools/ncu_sass_stalls.py);
-#   PREFILL_AB=1 tests and times the prefill variants carried in .deps/ab (tools/prefill_ab.sh)
+#   PREFILL_AB=1 tests and times the prefill variants carried in .deps/ab (tools/prefill_ab.sh);
+#   TESTS=0 skips the build and the test binaries (e.g. TESTS=0 PYTEST=0 BENCH=0 PREFILL_AB=1)
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
 # in .deps/ (see README "Running on the H200").
@@ -25,7 +26,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BUILD=${METRALE_BUILD_DIR:-build-device}
 
-if [ ! -x "$BUILD/tests/test_gpu_decode" ]; then
+if [ "${TESTS:-1}" = 1 ] && [ ! -x "$BUILD/tests/test_gpu_decode" ]; then
   echo "== building in $BUILD"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMETRALE_GTEST_SOURCE="$PWD/.deps/googletest" \
     -DMETRALE_THIRD_PARTY_INCLUDE="$PWD/.deps/include" >"$OUT/configure.log" 2>&1 &&
@@ -43,7 +44,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 summary=()
 count() { grep -E "^\[  $1  \] [0-9]+ test" "$2" | head -1 | awk '{print $4}'; }
 for t in "$BUILD"/tests/test_*; do
-  [ -x "$t" ] && [ -f "$t" ] || continue
+  [ "${TESTS:-1}" = 1 ] && [ -x "$t" ] && [ -f "$t" ] || continue
   name=$(basename "$t")
   timeout "${TEST_TIMEOUT:-300}" "$t" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} >"$OUT/$name.log" 2>&1
   rc=$?
