@@ -43,6 +43,7 @@ builds its own ``PagedAttentionCache`` internally and is not served (docs/engine
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -257,8 +258,12 @@ class PagedCache(Cache):
         needed go back to the free list; the next forward writes its tokens over the removed
         slots (the kernels read only each sequence's length). At most the shortest sequence's
         real tokens can go (they are the last columns of every row: left padding)."""
-        if not isinstance(tokens_to_remove, int) or isinstance(tokens_to_remove, bool):
-            raise TypeError(f"'tokens_to_remove' = {tokens_to_remove!r}; expected an int")
+        try:  # an int, or an integer 0-d tensor (what transformers 5.17's assisted decoding passes)
+            if isinstance(tokens_to_remove, bool):
+                raise TypeError
+            tokens_to_remove = operator.index(tokens_to_remove)
+        except TypeError:
+            raise TypeError(f"'tokens_to_remove' = {tokens_to_remove!r}; expected an int") from None
         remove = -tokens_to_remove if tokens_to_remove <= 0 else max(0, self._columns - tokens_to_remove)
         if remove == 0:
             return

@@ -134,7 +134,7 @@ def test_crop_rolls_back_draft_tokens(model, prompts, fmt):
         return cache, m
 
     rolled, m = run(4)
-    rolled.crop(-3)
+    rolled.crop(torch.tensor(-3) if fmt == "nvfp4" else -3)  # transformers 5.17 passes a 0-d tensor
     kept, _ = run(1)
     m = m[:, :-3]
     assert list(rolled._lens) == list(kept._lens) == [n + 1 for n in PROMPTS]
