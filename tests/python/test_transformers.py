@@ -160,27 +160,32 @@ def test_crop_rolls_back_draft_tokens(model, prompts, fmt):
         rolled.crop(1.5)
 
 
-def test_prompt_lookup_generation_verifies_and_crops(model):
-    """generate(prompt_lookup_num_tokens=3) on a metrale cache: the model verifies the looked-up
-    draft tokens as one query run and crops the rejected ones; every kept token is one of the
-    sequence's (cache length = output length - 1) and the first new token is plain greedy's."""
-    model.set_attn_implementation("metrale")
+def _prompt_lookup(model, fmt, device="cpu"):
+    """generate(prompt_lookup_num_tokens=3) on a metrale cache, with the crops it made."""
     base = torch.randint(1, model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(5))
-    ids = base.repeat(5).unsqueeze(0)  # periodic: the lookup finds its last n-gram earlier
+    ids = base.repeat(5).unsqueeze(0).to(device)  # periodic: the lookup finds its last n-gram earlier
     mask = torch.ones_like(ids)
     removed = []
-    cache = mt.PagedCache(model.config, "bf16", max_batch_size=1, max_cache_len=96)
+    cache = mt.PagedCache(model.config, fmt, max_batch_size=1, max_cache_len=96)
     crop = cache.crop
-    cache.crop = lambda t: (removed.append(t), crop(t))[1]
+    cache.crop = lambda t: (removed.append(int(t)), crop(t))[1]
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
                          prompt_lookup_num_tokens=3, **{hg.cache_kwarg(): cache})
     assert out.shape[1] == ids.shape[1] + 12
     assert any(t < 0 for t in removed), removed  # drafts were proposed and some rejected
     assert int(cache._lens[0]) == out.shape[1] - 1 == cache.get_seq_length()
     plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0,
-                           **{hg.cache_kwarg(): mt.PagedCache(model.config, "bf16", max_batch_size=1,
+                           **{hg.cache_kwarg(): mt.PagedCache(model.config, fmt, max_batch_size=1,
                                                               max_cache_len=96)})
     assert int(out[0, ids.shape[1]]) == int(plain[0, ids.shape[1]])
+
+
+def test_prompt_lookup_generation_verifies_and_crops(model):
+    """generate(prompt_lookup_num_tokens=3) on a metrale cache: the model verifies the looked-up
+    draft tokens as one query run and crops the rejected ones; every kept token is one of the
+    sequence's (cache length = output length - 1) and the first new token is plain greedy's."""
+    model.set_attn_implementation("metrale")
+    _prompt_lookup(model, "bf16")
 
 
 def test_errors_name_the_problem(model, prompts):
@@ -226,3 +231,14 @@ def test_gpu_hf_generate_script_runs_quickly():
     assert r["metrale-bf16"]["max_err"] <= 1.5 * r["eager"]["max_err"] + 1e-3, r
     for fmt in ("fp8", "nvfp4"):
         assert r[f"metrale-{fmt}"]["finite"], r
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and metrale.cuda_available()),
+                    reason="no CUDA device usable by metrale (sm_90)")
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4"])
+def test_gpu_prompt_lookup_generation(fmt):
+    """Assisted generation on the GPU: the drafts verified by the runs kernel, crops in between."""
+    model = hg.build_model(layers=2, hidden=512, heads=16, kv_heads=4, head_dim=128, sliding_window=0, vocab=1024,
+                           device="cuda")
+    model.set_attn_implementation("metrale")
+    _prompt_lookup(model, fmt, "cuda")
