@@ -14,7 +14,9 @@
 #   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS,
 #   QLEN_T1=0 leaves out the one-column-tile rows); PREFILL_BENCH=1 the prefill table (issue 18:
 #   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS=0 skips the peers);
-#   PREFILL_NCU=1 profiles one prefill kernel with ncu (per-instruction stalls: tools/ncu_sass_stalls.py)
+#   PREFILL_NCU=1 profiles one prefill kernel with ncu (per-instruction stalls: tools/ncu_sass_stalls.py);
+#   PREFILL_AB=1 tests and times the prefill variants carried in .deps/ab (tools/prefill_ab.sh);
+#   TESTS=0 skips the build and the test binaries (e.g. TESTS=0 PYTEST=0 BENCH=0 PREFILL_AB=1)
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
 # in .deps/ (see README "Running on the H200").
@@ -24,7 +26,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BUILD=${METRALE_BUILD_DIR:-build-device}
 
-if [ ! -x "$BUILD/tests/test_gpu_decode" ]; then
+if [ "${TESTS:-1}" = 1 ] && [ ! -x "$BUILD/tests/test_gpu_decode" ]; then
   echo "== building in $BUILD"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMETRALE_GTEST_SOURCE="$PWD/.deps/googletest" \
     -DMETRALE_THIRD_PARTY_INCLUDE="$PWD/.deps/include" >"$OUT/configure.log" 2>&1 &&
@@ -42,7 +44,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 summary=()
 count() { grep -E "^\[  $1  \] [0-9]+ test" "$2" | head -1 | awk '{print $4}'; }
 for t in "$BUILD"/tests/test_*; do
-  [ -x "$t" ] && [ -f "$t" ] || continue
+  [ "${TESTS:-1}" = 1 ] && [ -x "$t" ] && [ -f "$t" ] || continue
   name=$(basename "$t")
   timeout "${TEST_TIMEOUT:-300}" "$t" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} >"$OUT/$name.log" 2>&1
   rc=$?
@@ -118,6 +120,15 @@ if [ "${PREFILL_BENCH:-0}" = 1 ]; then
         tee -a "$OUT/prefill.log"
     fi
   done
+fi
+# The prefill variants in .deps/ab (tools/build_prefill_variants.sh): each
+# one's test_gpu_attn, then their prefill_bench in alternating rounds
+# (tools/prefill_ab.sh; PREFILL_AB_ARGS, PREFILL_AB_ARGS_<name>, ROUNDS).
+if [ "${PREFILL_AB:-0}" = 1 ]; then
+  ab=()
+  for d in .deps/ab/*/; do [ -f "$d/prefill_bench.xz" ] && ab+=("$(basename "$d")=$d/prefill_bench.xz"); done
+  PREFILL_AB_TESTS=${PREFILL_AB_TESTS:-1} tools/prefill_ab.sh "$OUT/prefill_ab" "${ab[@]}" 2>&1 | tee "$OUT/prefill_ab.txt"
+  summary+=("$(printf '%-24s rc %d' "prefill A/B (${#ab[@]})" ${PIPESTATUS[0]})")
 fi
 # ncu of one prefill kernel (PREFILL_NCU=1; PREFILL_NCU_ARGS to prefill_bench,
 # default bf16 at 8192 tokens): throughput, warp stalls, instruction mix.

@@ -5,16 +5,42 @@
 # TFLOPS of each binary and its ratio to the first.
 #
 #   tools/prefill_ab.sh OUT_DIR NAME=BINARY [NAME=BINARY ...]
+#   (a BINARY ending in .xz is unpacked to OUT_DIR first: xz, else Python's lzma)
 #   PREFILL_AB_ARGS   options for every binary (default: the d128 shapes)
 #   PREFILL_AB_ARGS_<NAME>  more options for that one (e.g. --load-path registers)
+#   PREFILL_AB_TESTS=1  first runs each binary's sibling test_gpu_attn(.xz), if there
+#                       is one (GTEST_FILTER, default every test; METRALE_GPU_TEST_ITERS)
 # The binaries come from tools/build_prefill_variants.sh (one per branch).
 set -uo pipefail
 OUT=$1
 shift
 mkdir -p "$OUT"
 args=${PREFILL_AB_ARGS:---head-dim 128}
-for r in $(seq 1 "${ROUNDS:-2}"); do
+unpack() {  # NAME BINARY -> the runnable path
+  case $2 in
+    *.xz)
+      local to="$OUT/bin_$1"
+      xz -dc "$2" >"$to" 2>/dev/null || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$2" >"$to"
+      chmod +x "$to"
+      echo "$to" ;;
+    *) echo "$2" ;;
+  esac
+}
+bins=()
+for nb in "$@"; do bins+=("${nb%%=*}=$(unpack "${nb%%=*}" "${nb#*=}")"); done
+if [ "${PREFILL_AB_TESTS:-0}" = 1 ]; then
   for nb in "$@"; do
+    name=${nb%%=*} dir=$(dirname "${nb#*=}")
+    t=$(ls "$dir"/test_gpu_attn.xz "$dir"/test_gpu_attn 2>/dev/null | head -1)
+    [ -n "$t" ] || continue
+    tb=$(unpack "test_$name" "$t")
+    timeout "${TEST_TIMEOUT:-300}" "$tb" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
+      >"$OUT/test_$name.log" 2>&1
+    echo "test_gpu_attn $name: rc $? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/test_$name.log" | tr '\n' ' ')"
+  done
+fi
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for nb in "${bins[@]}"; do
     name=${nb%%=*} bin=${nb#*=}
     extra_var="PREFILL_AB_ARGS_$name"
     "$bin" $args ${!extra_var:-} --json "$OUT/${name}_$r.json" >"$OUT/${name}_$r.log" 2>&1 || echo "$name round $r: rc $?"

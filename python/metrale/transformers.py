@@ -30,8 +30,12 @@ What the cache does:
 * **Calibration**: FP8 / NVFP4 scales of each layer from the absmax of the first K/V it is
   given (the prompt's real tokens), before that write; fixed afterwards.
 
-Limits: one batch per cache (``reset()`` to reuse it); beam search, ``crop`` and
-``reorder_cache`` are not supported; the model runs in bfloat16; the tokens of a decode
+* **Assisted generation** (speculative decoding with an assistant model or prompt lookup,
+  batch 1 in transformers): the model verifies the draft tokens as one query run over the
+  cache, and ``crop`` gives back the rejected ones.
+
+Limits: one batch per cache (``reset()`` to reuse it); beam search and ``reorder_cache``
+are not supported; the model runs in bfloat16; the tokens of a decode
 step are never padding (what ``generate`` does). Continuous batching (``generate_batch``)
 builds its own ``PagedAttentionCache`` internally and is not served (docs/engines.md).
 """
@@ -39,6 +43,7 @@ builds its own ``PagedAttentionCache`` internally and is not served (docs/engine
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -89,7 +94,7 @@ class _PagedLayer(CacheLayerMixin):
     """One layer's entry in ``Cache.layers`` (lengths, window); the pages live in the PagedCache."""
 
     is_compileable = False
-    is_croppable = False
+    is_croppable = True  # through PagedCache.crop (every layer at once)
     supports_early_init = False
 
     def __init__(self, owner: "PagedCache", window: int):
@@ -120,7 +125,7 @@ class _PagedLayer(CacheLayerMixin):
         raise RuntimeError("metrale PagedCache: reorder_cache (beam search) is not supported")
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise RuntimeError("metrale PagedCache: crop (assisted decoding) is not supported")
+        raise RuntimeError("_PagedLayer.crop: call PagedCache.crop (the layers share the sequences' pages)")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise RuntimeError("metrale PagedCache: batch_repeat_interleave (num_return_sequences > 1, beam search) is "
@@ -244,6 +249,37 @@ class PagedCache(Cache):
     @property
     def is_compileable(self) -> bool:
         return False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Removes the last tokens of every sequence, in every layer: what assisted generation
+        (speculative decoding, prompt lookup) does with the draft tokens the model rejected.
+        ``tokens_to_remove`` < 0 removes that many, 0 none; > 0 keeps that many columns (the
+        legacy form of transformers < 5.18; nothing when it is not shorter). Pages no longer
+        needed go back to the free list; the next forward writes its tokens over the removed
+        slots (the kernels read only each sequence's length). At most the shortest sequence's
+        real tokens can go (they are the last columns of every row: left padding)."""
+        try:  # an int, or an integer 0-d tensor (what transformers 5.17's assisted decoding passes)
+            if isinstance(tokens_to_remove, bool):
+                raise TypeError
+            tokens_to_remove = operator.index(tokens_to_remove)
+        except TypeError:
+            raise TypeError(f"'tokens_to_remove' = {tokens_to_remove!r}; expected an int") from None
+        remove = -tokens_to_remove if tokens_to_remove <= 0 else max(0, self._columns - tokens_to_remove)
+        if remove == 0:
+            return
+        shortest = int(self._lens.min()) if self._batch else 0
+        if remove > shortest:
+            raise ValueError(f"'tokens_to_remove' = {tokens_to_remove}: {remove} tokens; expected at most the "
+                             f"shortest sequence's {shortest} real tokens")
+        kept = self._lens - remove
+        for b in range(self._batch):
+            need, have = -(-int(kept[b]) // self.block_size), -(-int(self._lens[b]) // self.block_size)
+            self._free.extend(int(self._table[b, j]) for j in range(have - 1, need - 1, -1))
+        self._lens = kept
+        self._columns -= remove
+        self._dev["lens"] -= remove
+        self._step = None
+        self._last_layer = None
 
     @property
     def batch_size(self) -> int:

@@ -107,6 +107,87 @@ def test_generate_accepts_the_issue_call(model, prompts):
     assert list(cache._lens) == [n + 2 for n in PROMPTS]  # the last token is sampled, not fed back
 
 
+def _forward(model, cache, ids, mask):
+    """One forward of `ids` (the last columns of `mask`) through the cache: its logits."""
+    n = ids.shape[1]
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -n:]
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                     **{hg.cache_kwarg(): cache}).logits.float()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_crop_rolls_back_draft_tokens(model, prompts, fmt):
+    """Verify 4 draft tokens in one forward, crop the 3 rejected ones, go on: the same state and
+    logits as a cache that only ever saw the accepted one (assisted generation's pattern)."""
+    ids, mask = prompts
+    model.set_attn_implementation("metrale")
+    drafts = torch.randint(1, model.config.vocab_size, (ids.shape[0], 4), generator=torch.Generator().manual_seed(3))
+    nxt = torch.randint(1, model.config.vocab_size, (ids.shape[0], 1), generator=torch.Generator().manual_seed(4))
+    ones = mask.new_ones((mask.shape[0], 1))
+
+    def run(first):  # prefill, then `first` draft tokens in one forward, then (after a crop) one more
+        cache = mt.PagedCache(model.config, fmt, max_batch_size=4, max_cache_len=64, num_blocks=40)
+        _forward(model, cache, ids, mask)
+        m = torch.cat([mask] + [ones] * first, dim=1)
+        _forward(model, cache, drafts[:, :first], m)
+        return cache, m
+
+    rolled, m = run(4)
+    rolled.crop(torch.tensor(-3) if fmt == "nvfp4" else -3)  # transformers 5.17 passes a 0-d tensor
+    kept, _ = run(1)
+    m = m[:, :-3]
+    assert list(rolled._lens) == list(kept._lens) == [n + 1 for n in PROMPTS]
+    assert rolled.get_seq_length() == kept.get_seq_length() == ids.shape[1] + 1
+    assert sorted(rolled._free) == sorted(kept._free)  # the rejected tokens' pages are back
+    step = torch.cat([m, ones], dim=1)
+    got, want = _forward(model, rolled, nxt, step), _forward(model, kept, nxt, step)
+    err = float((got - want).abs().max())
+    assert err <= 2e-2 * float(want.abs().max()), err  # the drafts' K/V rows are recomputed, not reused
+    # Without the crop, the rejected drafts would be attended: far from the accepted-only logits.
+    stale, m4 = run(4)
+    far = float((_forward(model, stale, nxt, torch.cat([m4, ones], dim=1)) - want).abs().max())
+    assert far > 10 * err, (far, err)
+    # The legacy positive form keeps that many columns; more than the shortest sequence cannot go.
+    before = rolled.get_seq_length()
+    rolled.crop(before - 1)
+    assert rolled.get_seq_length() == before - 1 and list(rolled._lens) == [n + 1 for n in PROMPTS]
+    rolled.crop(before + 5)  # not shorter: nothing
+    assert rolled.get_seq_length() == before - 1
+    with pytest.raises(ValueError, match="shortest"):
+        rolled.crop(-(min(PROMPTS) + 2))
+    with pytest.raises(TypeError, match="tokens_to_remove"):
+        rolled.crop(1.5)
+
+
+def _prompt_lookup(model, fmt, device="cpu"):
+    """generate(prompt_lookup_num_tokens=3) on a metrale cache, with the crops it made."""
+    base = torch.randint(1, model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(5))
+    ids = base.repeat(5).unsqueeze(0).to(device)  # periodic: the lookup finds its last n-gram earlier
+    mask = torch.ones_like(ids)
+    removed = []
+    cache = mt.PagedCache(model.config, fmt, max_batch_size=1, max_cache_len=96)
+    crop = cache.crop
+    cache.crop = lambda t: (removed.append(int(t)), crop(t))[1]
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                         prompt_lookup_num_tokens=3, **{hg.cache_kwarg(): cache})
+    assert out.shape[1] == ids.shape[1] + 12
+    assert any(t < 0 for t in removed), removed  # drafts were proposed and some rejected
+    assert int(cache._lens[0]) == out.shape[1] - 1 == cache.get_seq_length()
+    plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0,
+                           **{hg.cache_kwarg(): mt.PagedCache(model.config, fmt, max_batch_size=1,
+                                                              max_cache_len=96)})
+    assert int(out[0, ids.shape[1]]) == int(plain[0, ids.shape[1]])
+
+
+def test_prompt_lookup_generation_verifies_and_crops(model):
+    """generate(prompt_lookup_num_tokens=3) on a metrale cache: the model verifies the looked-up
+    draft tokens as one query run and crops the rejected ones; every kept token is one of the
+    sequence's (cache length = output length - 1) and the first new token is plain greedy's."""
+    model.set_attn_implementation("metrale")
+    _prompt_lookup(model, "bf16")
+
+
 def test_errors_name_the_problem(model, prompts):
     ids, mask = prompts
     model.set_attn_implementation("metrale")
@@ -150,3 +231,14 @@ def test_gpu_hf_generate_script_runs_quickly():
     assert r["metrale-bf16"]["max_err"] <= 1.5 * r["eager"]["max_err"] + 1e-3, r
     for fmt in ("fp8", "nvfp4"):
         assert r[f"metrale-{fmt}"]["finite"], r
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and metrale.cuda_available()),
+                    reason="no CUDA device usable by metrale (sm_90)")
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4"])
+def test_gpu_prompt_lookup_generation(fmt):
+    """Assisted generation on the GPU: the drafts verified by the runs kernel, crops in between."""
+    model = hg.build_model(layers=2, hidden=512, heads=16, kv_heads=4, head_dim=128, sliding_window=0, vocab=1024,
+                           device="cuda")
+    model.set_attn_implementation("metrale")
+    _prompt_lookup(model, fmt, "cuda")
