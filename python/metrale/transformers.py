@@ -29,13 +29,13 @@ What the cache does:
   pages stay allocated.
 * **Calibration**: FP8 / NVFP4 scales of each layer from the absmax of the first K/V it is
   given (the prompt's real tokens), before that write; fixed afterwards.
-
 * **Assisted generation** (speculative decoding with an assistant model or prompt lookup,
   batch 1 in transformers): the model verifies the draft tokens as one query run over the
   cache, and ``crop`` gives back the rejected ones.
 
-Limits: one batch per cache (``reset()`` to reuse it); beam search and ``reorder_cache``
-are not supported; the model runs in bfloat16; the tokens of a decode
+Limits: one batch per cache (``reset()`` to reuse it; ``num_return_sequences`` expands the
+prompts before the prefill and works); beam search (``reorder_cache``) and expanding a
+filled cache (``batch_repeat_interleave``) are not supported; the model runs in bfloat16; the tokens of a decode
 step are never padding (what ``generate`` does). Continuous batching (``generate_batch``)
 builds its own ``PagedAttentionCache`` internally and is not served (docs/engines.md).
 """
@@ -128,8 +128,9 @@ class _PagedLayer(CacheLayerMixin):
         raise RuntimeError("_PagedLayer.crop: call PagedCache.crop (the layers share the sequences' pages)")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise RuntimeError("metrale PagedCache: batch_repeat_interleave (num_return_sequences > 1, beam search) is "
-                           "not supported")
+        raise RuntimeError("metrale PagedCache: batch_repeat_interleave (expanding a filled cache's batch) is not "
+                           "supported; generate's num_return_sequences expands the prompts before the prefill and "
+                           "works (max_batch_size counts the copies)")
 
     def batch_select_indices(self, indices) -> None:
         raise RuntimeError("metrale PagedCache: batch_select_indices is not supported")

@@ -188,6 +188,23 @@ def test_prompt_lookup_generation_verifies_and_crops(model):
     _prompt_lookup(model, "bf16")
 
 
+def test_num_return_sequences_expands_the_prompts(model, prompts):
+    """generate(num_return_sequences=2, do_sample=True): the prompts are expanded before the
+    prefill, so the cache holds both copies of each prompt, and each copy then samples its own."""
+    ids, mask = prompts
+    model.set_attn_implementation("metrale")
+    cache = mt.PagedCache(model.config, "fp8", max_batch_size=8, max_cache_len=64)
+    torch.manual_seed(0)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=True, num_return_sequences=2,
+                         pad_token_id=0, **{hg.cache_kwarg(): cache})
+    assert out.shape == (8, ids.shape[1] + 4)
+    assert list(cache._lens) == [n + 3 for n in PROMPTS for _ in range(2)]
+    with pytest.raises(RuntimeError, match="reorder_cache"):
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, num_beams=2, do_sample=False,
+                       pad_token_id=0, **{hg.cache_kwarg(): mt.PagedCache(model.config, "bf16", max_batch_size=8,
+                                                                          max_cache_len=64)})
+
+
 def test_errors_name_the_problem(model, prompts):
     ids, mask = prompts
     model.set_attn_implementation("metrale")
