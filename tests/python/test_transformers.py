@@ -199,10 +199,67 @@ def test_num_return_sequences_expands_the_prompts(model, prompts):
                          pad_token_id=0, **{hg.cache_kwarg(): cache})
     assert out.shape == (8, ids.shape[1] + 4)
     assert list(cache._lens) == [n + 3 for n in PROMPTS for _ in range(2)]
-    with pytest.raises(RuntimeError, match="reorder_cache"):
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, num_beams=2, do_sample=False,
-                       pad_token_id=0, **{hg.cache_kwarg(): mt.PagedCache(model.config, "bf16", max_batch_size=8,
-                                                                          max_cache_len=64)})
+
+
+def _refs_match_tables(cache):
+    """Every block's reference count is the number of sequences whose length reaches it."""
+    want = {}
+    for b in range(cache._batch):
+        for j in range(-(-int(cache._lens[b]) // cache.block_size)):
+            want[int(cache._table[b, j])] = want.get(int(cache._table[b, j]), 0) + 1
+    held = {int(i): int(r) for i, r in enumerate(cache._refs) if r}
+    return held == want and len(cache._free) == cache.num_blocks - len(want)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_reorder_cache_continues_the_chosen_histories(model, prompts, fmt):
+    """reorder_cache (beam search): after a step, sequences continue others' histories (shared
+    blocks, the partial last one copied); the next step's logits equal those of a cache that
+    prefilled the chosen prompts and steps, and a crop after the reorder keeps the counts."""
+    ids, mask = prompts
+    model.set_attn_implementation("metrale")
+    g = torch.Generator().manual_seed(6)
+    t = torch.randint(1, model.config.vocab_size, (4, 1), generator=g)
+    u = torch.randint(1, model.config.vocab_size, (4, 1), generator=g)
+    ones = mask.new_ones((4, 1))
+    idx = torch.tensor([1, 1, 3, 0])
+
+    beams = mt.PagedCache(model.config, fmt, max_batch_size=4, max_cache_len=64, num_blocks=40)
+    _forward(model, beams, ids, mask)
+    _forward(model, beams, t, torch.cat([mask, ones], 1))
+    beams.reorder_cache(idx)
+    assert _refs_match_tables(beams)
+    assert int(beams._refs[beams._table[0, 0]]) == 2  # sequences 0 and 1 share the first block of prompt 1
+    step = torch.cat([mask[idx], ones, ones], 1)
+    got = _forward(model, beams, u, step)
+
+    fresh = mt.PagedCache(model.config, fmt, max_batch_size=4, max_cache_len=64, num_blocks=40)
+    fresh._allocate(torch.device("cpu"))  # with the first batch's scales (calibrated from all four prompts)
+    for layer in range(len(fresh.windows)):
+        fresh.kv.set_scales(layer, **beams.kv.scales(layer))
+    fresh._calibrated = [True] * len(fresh.windows)
+    _forward(model, fresh, ids[idx], mask[idx])
+    _forward(model, fresh, t[idx], torch.cat([mask[idx], ones], 1))
+    want = _forward(model, fresh, u, step)
+    err = float((got - want).abs().max())
+    assert err <= 2e-2 * float(want.abs().max()), err
+    assert list(beams._lens) == list(fresh._lens)
+    beams.crop(-2)
+    assert _refs_match_tables(beams) and list(beams._lens) == [PROMPTS[i] for i in idx.tolist()]
+    with pytest.raises(ValueError, match="beam_idx"):
+        beams.reorder_cache(torch.tensor([0, 1, 4, 0]))
+
+
+def test_beam_search_generates_through_the_cache(model, prompts):
+    """generate(num_beams=3): every step reorders the cache; the outputs are SDPA's beams' shape,
+    the block counts stay consistent, and the best beam's first token is SDPA's up to a tie."""
+    ids, mask = prompts
+    model.set_attn_implementation("metrale")
+    cache = mt.PagedCache(model.config, "bf16", max_batch_size=12, max_cache_len=64)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, num_beams=3, do_sample=False,
+                         pad_token_id=0, **{hg.cache_kwarg(): cache})
+    assert out.shape[0] == 4 and ids.shape[1] < out.shape[1] <= ids.shape[1] + 5
+    assert _refs_match_tables(cache)
 
 
 def test_errors_name_the_problem(model, prompts):
