@@ -310,9 +310,15 @@ def test_gpu_hf_generate_script_runs_quickly():
 @pytest.mark.skipif(not (torch.cuda.is_available() and metrale.cuda_available()),
                     reason="no CUDA device usable by metrale (sm_90)")
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4"])
-def test_gpu_prompt_lookup_generation(fmt):
-    """Assisted generation on the GPU: the drafts verified by the runs kernel, crops in between."""
+def test_gpu_assisted_and_beam_generation(fmt):
+    """On the GPU: assisted generation (the drafts verified by the runs kernel, crops in
+    between) and beam search (reorders copying shared partial blocks on the device)."""
     model = hg.build_model(layers=2, hidden=512, heads=16, kv_heads=4, head_dim=128, sliding_window=0, vocab=1024,
                            device="cuda")
     model.set_attn_implementation("metrale")
     _prompt_lookup(model, fmt, "cuda")
+    ids, mask = hg.make_prompts([40, 17, 33], 1024, device="cuda")
+    cache = mt.PagedCache(model.config, fmt, max_batch_size=6, max_cache_len=64)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, num_beams=2, do_sample=False,
+                         pad_token_id=0, **{hg.cache_kwarg(): cache})
+    assert out.shape[0] == 3 and _refs_match_tables(cache)
