@@ -38,9 +38,10 @@ What the cache does:
 
 Limits: one batch per cache (``reset()`` to reuse it; ``num_return_sequences`` and
 ``num_beams`` expand the prompts before the prefill: ``max_batch_size`` counts the copies);
-expanding a filled cache (``batch_repeat_interleave``) is not supported; the model runs in bfloat16; the tokens of a decode
-step are never padding (what ``generate`` does). Continuous batching (``generate_batch``)
-builds its own ``PagedAttentionCache`` internally and is not served (docs/engines.md).
+expanding a filled cache (``batch_repeat_interleave``) is not supported; the model runs in
+bfloat16; the tokens of a decode step are never padding (what ``generate`` does).
+Continuous batching (``generate_batch``) builds its own ``PagedAttentionCache`` internally
+and is not served (docs/engines.md).
 """
 
 from __future__ import annotations
