@@ -35,11 +35,11 @@ What the cache does:
 * **Beam search**: ``reorder_cache`` lets each beam go on from the history it chose; the
   histories' full blocks are shared by reference count (never written again), a shared
   partial last block is copied, and blocks no beam kept go back to the free list.
+  ``batch_repeat_interleave`` and ``batch_select_indices`` remap the batch the same way.
 
 Limits: one batch per cache (``reset()`` to reuse it; ``num_return_sequences`` and
 ``num_beams`` expand the prompts before the prefill: ``max_batch_size`` counts the copies);
-expanding a filled cache (``batch_repeat_interleave``) is not supported; the model runs in
-bfloat16; the tokens of a decode step are never padding (what ``generate`` does).
+the model runs in bfloat16; the tokens of a decode step are never padding (what ``generate`` does).
 Continuous batching (``generate_batch``) builds its own ``PagedAttentionCache`` internally
 and is not served (docs/engines.md).
 """
@@ -132,12 +132,10 @@ class _PagedLayer(CacheLayerMixin):
         raise RuntimeError("_PagedLayer.crop: call PagedCache.crop (the layers share the sequences' pages)")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise RuntimeError("metrale PagedCache: batch_repeat_interleave (expanding a filled cache's batch) is not "
-                           "supported; generate's num_return_sequences expands the prompts before the prefill and "
-                           "works (max_batch_size counts the copies)")
+        raise RuntimeError("_PagedLayer.batch_repeat_interleave: call PagedCache.batch_repeat_interleave")
 
     def batch_select_indices(self, indices) -> None:
-        raise RuntimeError("metrale PagedCache: batch_select_indices is not supported")
+        raise RuntimeError("_PagedLayer.batch_select_indices: call PagedCache.batch_select_indices")
 
 
 class PagedCache(Cache):
@@ -295,21 +293,37 @@ class PagedCache(Cache):
         layer. The blocks of the histories kept are shared by reference count (a partial last
         block that several sequences now share is copied for all but one); those of histories
         no beam kept go back to the free list."""
+        self._remap(beam_idx, "beam_idx", same_batch=True)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each sequence ``repeats`` times in a row (sharing its blocks as ``reorder_cache`` does)."""
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+            raise ValueError(f"'repeats' = {repeats!r}; expected an int >= 1")
+        self._remap(np.repeat(np.arange(self._batch), repeats), "repeats")
+
+    def batch_select_indices(self, indices: Any) -> None:
+        """Keeps the sequences ``indices`` (in that order); the blocks only the others held are freed."""
+        self._remap(indices, "indices")
+
+    def _remap(self, indices: Any, name: str, same_batch: bool = False) -> None:
+        """New sequence i continues old sequence indices[i], in every layer (block references)."""
         if self._batch == 0:
             return
-        idx = np.asarray(beam_idx.cpu() if isinstance(beam_idx, torch.Tensor) else beam_idx).reshape(-1)
-        if idx.shape != (self._batch,) or not np.issubdtype(idx.dtype, np.integer) or idx.min() < 0 \
-                or idx.max() >= self._batch:
-            raise ValueError(f"'beam_idx': {self._batch} indices in [0, {self._batch}) expected; got "
-                             f"{beam_idx!r}")
+        idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices).reshape(-1)
+        if not np.issubdtype(idx.dtype, np.integer) or len(idx) == 0 or idx.min() < 0 or idx.max() >= self._batch \
+                or (same_batch and len(idx) != self._batch) or len(idx) > self.max_batch_size:
+            want = f"{self._batch}" if same_batch else f"1..{self.max_batch_size} (max_batch_size)"
+            raise ValueError(f"'{name}': {want} sequence indices in [0, {self._batch}) expected; got {indices!r}")
         blocks = [-(-int(n) // self.block_size) for n in self._lens]
         for src in idx:
             self._refs[self._table[src, :blocks[src]]] += 1
         for b in range(self._batch):
             for j in range(blocks[b]):
                 self._release(int(self._table[b, j]))
-        self._table = self._table[idx]
-        self._lens = self._lens[idx]
+        table, lens = self._table[idx], self._lens[idx]
+        if len(idx) != self._batch:
+            self._begin_batch(len(idx), self._dev["table"].device)
+        self._table, self._lens = table, lens
         self._own_last_blocks()
         self._dev["table"].copy_(torch.from_numpy(self._table))
         self._dev["lens"].copy_(torch.from_numpy(self._lens.astype(np.int32)))

@@ -250,6 +250,40 @@ def test_reorder_cache_continues_the_chosen_histories(model, prompts, fmt):
         beams.reorder_cache(torch.tensor([0, 1, 4, 0]))
 
 
+def test_repeat_and_select_remap_the_batch(model, prompts):
+    """batch_repeat_interleave(2) after a step, then batch_select_indices: each copy continues
+    its original (the same next logits), and the kept rows continue theirs; counts consistent."""
+    ids, mask = prompts
+    model.set_attn_implementation("metrale")
+    g = torch.Generator().manual_seed(7)
+    t, u, w = (torch.randint(1, model.config.vocab_size, (4, 1), generator=g) for _ in range(3))
+    ones = mask.new_ones((4, 1))
+    cache = mt.PagedCache(model.config, "bf16", max_batch_size=8, max_cache_len=64)
+    _forward(model, cache, ids, mask)
+    _forward(model, cache, t, torch.cat([mask, ones], 1))
+    ref = mt.PagedCache(model.config, "bf16", max_batch_size=8, max_cache_len=64)
+    _forward(model, ref, ids, mask)
+    _forward(model, ref, t, torch.cat([mask, ones], 1))
+    want = _forward(model, ref, u, torch.cat([mask, ones, ones], 1))
+    cache.batch_repeat_interleave(2)
+    assert cache._batch == 8 and _refs_match_tables(cache)
+    m8 = torch.cat([mask, ones, ones], 1).repeat_interleave(2, 0)
+    got = _forward(model, cache, u.repeat_interleave(2, 0), m8)
+    assert float((got - want.repeat_interleave(2, 0)).abs().max()) <= 2e-2 * float(want.abs().max())
+    cache.batch_select_indices(torch.tensor([6, 1]))  # copies of sequences 3 and 0
+    assert cache._batch == 2 and _refs_match_tables(cache)
+    assert list(cache._lens) == [PROMPTS[3] + 2, PROMPTS[0] + 2]
+    keep = torch.tensor([3, 0])
+    ref.batch_select_indices(keep)
+    m2 = torch.cat([mask[keep], ones[:2], ones[:2], ones[:2]], 1)
+    got2, want2 = _forward(model, cache, w[:2], m2), _forward(model, ref, w[:2], m2)
+    assert float((got2 - want2).abs().max()) <= 2e-2 * float(want2.abs().max())
+    with pytest.raises(ValueError, match="max_batch_size"):
+        cache.batch_repeat_interleave(5)
+    with pytest.raises(ValueError, match="repeats"):
+        cache.batch_repeat_interleave(0)
+
+
 def test_beam_search_generates_through_the_cache(model, prompts):
     """generate(num_beams=3): every step reorders the cache; the outputs are SDPA's beams' shape,
     the block counts stay consistent, and the best beam's first token is SDPA's up to a tie."""
