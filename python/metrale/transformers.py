@@ -29,15 +29,19 @@ What the cache does:
   pages stay allocated.
 * **Calibration**: FP8 / NVFP4 scales of each layer from the absmax of the first K/V it is
   given (the prompt's real tokens), before that write; fixed afterwards.
-
 * **Assisted generation** (speculative decoding with an assistant model or prompt lookup,
   batch 1 in transformers): the model verifies the draft tokens as one query run over the
   cache, and ``crop`` gives back the rejected ones.
+* **Beam search**: ``reorder_cache`` lets each beam go on from the history it chose; the
+  histories' full blocks are shared by reference count (never written again), a shared
+  partial last block is copied, and blocks no beam kept go back to the free list.
+  ``batch_repeat_interleave`` and ``batch_select_indices`` remap the batch the same way.
 
-Limits: one batch per cache (``reset()`` to reuse it); beam search and ``reorder_cache``
-are not supported; the model runs in bfloat16; the tokens of a decode
-step are never padding (what ``generate`` does). Continuous batching (``generate_batch``)
-builds its own ``PagedAttentionCache`` internally and is not served (docs/engines.md).
+Limits: one batch per cache (``reset()`` to reuse it; ``num_return_sequences`` and
+``num_beams`` expand the prompts before the prefill: ``max_batch_size`` counts the copies);
+the model runs in bfloat16; the tokens of a decode step are never padding (what ``generate`` does).
+Continuous batching (``generate_batch``) builds its own ``PagedAttentionCache`` internally
+and is not served (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -122,17 +126,16 @@ class _PagedLayer(CacheLayerMixin):
         self.is_initialized = False
 
     def reorder_cache(self, beam_idx) -> None:
-        raise RuntimeError("metrale PagedCache: reorder_cache (beam search) is not supported")
+        raise RuntimeError("_PagedLayer.reorder_cache: call PagedCache.reorder_cache (the layers share the pages)")
 
     def crop(self, tokens_to_remove: int) -> None:
         raise RuntimeError("_PagedLayer.crop: call PagedCache.crop (the layers share the sequences' pages)")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise RuntimeError("metrale PagedCache: batch_repeat_interleave (num_return_sequences > 1, beam search) is "
-                           "not supported")
+        raise RuntimeError("_PagedLayer.batch_repeat_interleave: call PagedCache.batch_repeat_interleave")
 
     def batch_select_indices(self, indices) -> None:
-        raise RuntimeError("metrale PagedCache: batch_select_indices is not supported")
+        raise RuntimeError("_PagedLayer.batch_select_indices: call PagedCache.batch_select_indices")
 
 
 class PagedCache(Cache):
@@ -180,6 +183,7 @@ class PagedCache(Cache):
         self._lens = np.zeros(0, dtype=np.int64)       # real tokens per sequence (host)
         self._table = np.zeros((0, 0), dtype=np.int32)  # block ids (host mirror)
         self._free = list(range(self.num_blocks - 1, -1, -1))
+        self._refs = np.zeros(self.num_blocks, dtype=np.int64)  # sequences holding each block (beam search shares)
         self._calibrated = [False] * len(self.windows)
         self._last_layer = None
         self._step: Optional[_Step] = None
@@ -274,10 +278,55 @@ class PagedCache(Cache):
         kept = self._lens - remove
         for b in range(self._batch):
             need, have = -(-int(kept[b]) // self.block_size), -(-int(self._lens[b]) // self.block_size)
-            self._free.extend(int(self._table[b, j]) for j in range(have - 1, need - 1, -1))
+            for j in range(have - 1, need - 1, -1):
+                self._release(int(self._table[b, j]))
         self._lens = kept
+        self._own_last_blocks()  # a shared full block may have become a partial last one
         self._columns -= remove
+        self._dev["table"].copy_(torch.from_numpy(self._table))
         self._dev["lens"] -= remove
+        self._step = None
+        self._last_layer = None
+
+    def reorder_cache(self, beam_idx: Any) -> None:
+        """Beam search: sequence i goes on from the history of sequence ``beam_idx[i]``, in every
+        layer. The blocks of the histories kept are shared by reference count (a partial last
+        block that several sequences now share is copied for all but one); those of histories
+        no beam kept go back to the free list."""
+        self._remap(beam_idx, "beam_idx", same_batch=True)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each sequence ``repeats`` times in a row (sharing its blocks as ``reorder_cache`` does)."""
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+            raise ValueError(f"'repeats' = {repeats!r}; expected an int >= 1")
+        self._remap(np.repeat(np.arange(self._batch), repeats), "repeats")
+
+    def batch_select_indices(self, indices: Any) -> None:
+        """Keeps the sequences ``indices`` (in that order); the blocks only the others held are freed."""
+        self._remap(indices, "indices")
+
+    def _remap(self, indices: Any, name: str, same_batch: bool = False) -> None:
+        """New sequence i continues old sequence indices[i], in every layer (block references)."""
+        if self._batch == 0:
+            return
+        idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices).reshape(-1)
+        if not np.issubdtype(idx.dtype, np.integer) or len(idx) == 0 or idx.min() < 0 or idx.max() >= self._batch \
+                or (same_batch and len(idx) != self._batch) or len(idx) > self.max_batch_size:
+            want = f"{self._batch}" if same_batch else f"1..{self.max_batch_size} (max_batch_size)"
+            raise ValueError(f"'{name}': {want} sequence indices in [0, {self._batch}) expected; got {indices!r}")
+        blocks = [-(-int(n) // self.block_size) for n in self._lens]
+        for src in idx:
+            self._refs[self._table[src, :blocks[src]]] += 1
+        for b in range(self._batch):
+            for j in range(blocks[b]):
+                self._release(int(self._table[b, j]))
+        table, lens = self._table[idx], self._lens[idx]
+        if len(idx) != self._batch:
+            self._begin_batch(len(idx), self._dev["table"].device)
+        self._table, self._lens = table, lens
+        self._own_last_blocks()
+        self._dev["table"].copy_(torch.from_numpy(self._table))
+        self._dev["lens"].copy_(torch.from_numpy(self._lens.astype(np.int32)))
         self._step = None
         self._last_layer = None
 
@@ -299,7 +348,37 @@ class PagedCache(Cache):
         if not self._free:
             raise RuntimeError(f"metrale PagedCache: out of blocks (num_blocks = {self.num_blocks}); pass a larger "
                                "num_blocks or max_cache_len")
-        return self._free.pop()
+        block = self._free.pop()
+        self._refs[block] = 1
+        return block
+
+    def _release(self, block: int) -> None:
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free.append(block)
+
+    def _own_last_blocks(self) -> None:
+        """Gives every sequence whose partial last block others share (beam search) a copy of
+        it, in every layer: the next tokens are written there. Full blocks are never written
+        again, so sequences share them."""
+        src, dst = [], []
+        for b in range(self._batch):
+            n = int(self._lens[b])
+            if n % self.block_size == 0:
+                continue
+            j = n // self.block_size
+            block = int(self._table[b, j])
+            if self._refs[block] > 1:
+                self._refs[block] -= 1
+                self._table[b, j] = self._take_block()
+                src.append(block)
+                dst.append(int(self._table[b, j]))
+        if src:
+            s = torch.tensor(src, dtype=torch.long, device=self._pages[0][0].device)
+            d = torch.tensor(dst, dtype=torch.long, device=s.device)
+            for k_pages, v_pages, _ in self._pages:
+                k_pages[d] = k_pages[s]
+                v_pages[d] = v_pages[s]
 
     def _grow(self, b: int, new_len: int) -> None:
         """Gives sequence b the blocks that `new_len` real tokens need (host table)."""
