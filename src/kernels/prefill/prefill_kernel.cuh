@@ -91,14 +91,14 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     return query_range(seq_len, run_len, packed_row / group, p.sliding_window);
   };
   const int32_t span_begin = range_of(first_row).begin, span_end = range_of(row_hi - 1).end;
-  // The span's tiles from a page-group boundary; a split takes its share
-  // [t_lo, t_hi) of them (none: an empty record).
+  // The span's tiles from a page-group boundary; a split takes its share of
+  // them by the runs kernel's rule (split_pages over tiles; none: an empty
+  // record).
   const int32_t span_first = span_begin & ~15;
-  const int span_tiles = span_end > span_first ? (span_end - span_first + kN - 1) / kN : 0;
-  const int t_lo = split * span_tiles / p.num_splits;  // < 2^31: span_tiles < 2^24, splits <= 256
-  const int t_hi = (split + 1) * span_tiles / p.num_splits;
-  const int32_t p_begin = span_first + t_lo * kN;
-  const int num_tiles = t_hi - t_lo;
+  const int32_t span_tiles = span_end > span_first ? (span_end - span_first + kN - 1) / kN : 0;
+  const PageRange my_tiles = split_pages(PageRange{0, span_tiles}, split, p.num_splits);
+  const int32_t p_begin = span_first + my_tiles.first * kN;
+  const int num_tiles = my_tiles.end - my_tiles.first;
 
   if (threadIdx.x == 0) {
     for (int op = 0; op < 2; ++op)
