@@ -33,9 +33,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
     c.sliding_window = int32_t(pick(rng, 0, 0, 7, 40));
     c.seq_lens = {int32_t(1 + rng() % 90), int32_t(rng() % 3), int32_t(17 + rng() % 200), 1};
     RunsProblem rp(c, random_runs(c.seq_lens, int32_t(pick(rng, 1, 4, 16, 300)), rng), rng());
-    if (rng() % 2) {
-      for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(h % 3 ? float(rng() % 5) - 2.0f : kNoSink);
-    }
+    if (rng() % 2) rp.sinks = random_sinks(c.num_q_heads(), rng);
     rp.softcap = float(pick(rng, 0, 0, 5, 30)) / 10.0f * 10.0f;
     SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
                  (rp.sinks.empty() ? "" : " sinks"));

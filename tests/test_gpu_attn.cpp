@@ -95,8 +95,7 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
     const int32_t max_run = int32_t(pick(rng, 1, 2, 4, 8, 16, 16, 70));
     c.seq_lens = {int32_t(1 + rng() % 300), int32_t(rng() % 3), int32_t(16 + rng() % 2000), 1, int32_t(rng() % 40)};
     RunsProblem rp(c, random_runs(c.seq_lens, max_run, rng), rng());
-    if (rng() % 2)
-      for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(h % 3 ? float(rng() % 5) - 2.0f : kNoSink);
+    if (rng() % 2) rp.sinks = random_sinks(c.num_q_heads(), rng);
     rp.softcap = float(pick(rng, 0, 0, 5, 30));
     SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
                  (rp.sinks.empty() ? "" : " sinks"));
@@ -241,8 +240,7 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
     c.seq_lens = {n0, n1 + p1, int32_t(1 + rng() % 900), n2, int32_t(rng() % 50)};
     const std::vector<int32_t> runs = {n0, n1, 1, n2 - int32_t(rng() % 3) * 37, 0};
     RunsProblem rp(c, runs, rng());
-    if (rng() % 2)
-      for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(h % 3 ? float(rng() % 5) - 2.0f : kNoSink);
+    if (rng() % 2) rp.sinks = random_sinks(c.num_q_heads(), rng);
     rp.softcap = float(pick(rng, 0, 0, 7, 30));
     SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
                  (rp.sinks.empty() ? "" : " sinks"));
@@ -284,8 +282,7 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     const int32_t n0 = int32_t(1024 + rng() % 7169), n1 = int32_t(512 + rng() % 1537), p1 = int32_t(rng() % 30721);
     c.seq_lens = {n0, n1 + p1};
     RunsProblem rp(c, {n0, n1}, rng());
-    if (rng() % 2)
-      for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(h % 3 ? float(rng() % 5) - 2.0f : kNoSink);
+    if (rng() % 2) rp.sinks = random_sinks(c.num_q_heads(), rng);
     rp.softcap = float(pick(rng, 0, 0, 30));
     SCOPED_TRACE(c.describe() + " runs " + std::to_string(n0) + ", " + std::to_string(n1) + " over " +
                  std::to_string(p1) + " softcap " + std::to_string(rp.softcap) + (rp.sinks.empty() ? "" : " sinks"));

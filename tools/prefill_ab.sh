@@ -9,7 +9,8 @@
 #   PREFILL_AB_ARGS   options for every binary (default: the d128 shapes)
 #   PREFILL_AB_ARGS_<NAME>  more options for that one (e.g. --load-path registers)
 #   PREFILL_AB_TESTS=1  first runs each binary's sibling test_gpu_attn(.xz), if there
-#                       is one (GTEST_FILTER, default every test; METRALE_GPU_TEST_ITERS)
+#                       is one (GTEST_FILTER, default every test; METRALE_GPU_TEST_ITERS;
+#                       TEST_TIMEOUT, 150 s); BENCH_TIMEOUT (120 s) bounds each bench run
 # The binaries come from tools/build_prefill_variants.sh (one per branch).
 set -uo pipefail
 OUT=$1
@@ -34,7 +35,7 @@ if [ "${PREFILL_AB_TESTS:-0}" = 1 ]; then
     t=$(ls "$dir"/test_gpu_attn.xz "$dir"/test_gpu_attn 2>/dev/null | head -1)
     [ -n "$t" ] || continue
     tb=$(unpack "test_$name" "$t")
-    timeout "${TEST_TIMEOUT:-300}" "$tb" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
+    timeout "${TEST_TIMEOUT:-150}" "$tb" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
       >"$OUT/test_$name.log" 2>&1
     echo "test_gpu_attn $name: rc $? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/test_$name.log" | tr '\n' ' ')"
   done
@@ -43,7 +44,9 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   for nb in "${bins[@]}"; do
     name=${nb%%=*} bin=${nb#*=}
     extra_var="PREFILL_AB_ARGS_$name"
-    "$bin" $args ${!extra_var:-} --json "$OUT/${name}_$r.json" >"$OUT/${name}_$r.log" 2>&1 || echo "$name round $r: rc $?"
+    # a variant that hangs costs BENCH_TIMEOUT seconds, not the call
+    timeout "${BENCH_TIMEOUT:-120}" "$bin" $args ${!extra_var:-} --json "$OUT/${name}_$r.json" \
+      >"$OUT/${name}_$r.log" 2>&1 || echo "$name round $r: rc $?"
   done
 done
 python3 - "$OUT" "$@" <<'PY'

@@ -281,9 +281,9 @@ class PagedCache(Cache):
             for j in range(have - 1, need - 1, -1):
                 self._release(int(self._table[b, j]))
         self._lens = kept
-        self._own_last_blocks()  # a shared full block may have become a partial last one
+        if self._own_last_blocks():  # a shared full block may have become a partial last one
+            self._dev["table"].copy_(torch.from_numpy(self._table))
         self._columns -= remove
-        self._dev["table"].copy_(torch.from_numpy(self._table))
         self._dev["lens"] -= remove
         self._step = None
         self._last_layer = None
@@ -357,10 +357,10 @@ class PagedCache(Cache):
         if self._refs[block] == 0:
             self._free.append(block)
 
-    def _own_last_blocks(self) -> None:
+    def _own_last_blocks(self) -> bool:
         """Gives every sequence whose partial last block others share (beam search) a copy of
         it, in every layer: the next tokens are written there. Full blocks are never written
-        again, so sequences share them."""
+        again, so sequences share them. Returns whether the host table changed."""
         src, dst = [], []
         for b in range(self._batch):
             n = int(self._lens[b])
@@ -379,6 +379,7 @@ class PagedCache(Cache):
             for k_pages, v_pages, _ in self._pages:
                 k_pages[d] = k_pages[s]
                 v_pages[d] = v_pages[s]
+        return bool(src)
 
     def _grow(self, b: int, new_len: int) -> None:
         """Gives sequence b the blocks that `new_len` real tokens need (host table)."""

@@ -45,13 +45,16 @@ int32_t DecodeContext::run_len(int32_t seq) const {
   return std::clamp(a.q_start[seq + 1] - a.q_start[seq], 0, seq_len(seq));
 }
 
-DecodeContext::SeqRange DecodeContext::query(int32_t seq, int32_t j) const {
-  const int32_t len = seq_len(seq);
-  QueryRange q = query_range(len, std::max(run_len(seq), 1), j, a.sliding_window);
-  if (a.kv_start != nullptr) q = view_range(q, a.kv_start[seq], a.kv_lens[seq]);  // the shard's own positions
-  const int32_t pos_end = std::max(q.end, 0);
-  const int32_t pos_begin = std::min(q.begin, pos_end);
+// Positions of sequence `seq` (the shard's own with a view) and their pages.
+DecodeContext::SeqRange DecodeContext::in_view(int32_t seq, QueryRange r) const {
+  if (a.kv_start != nullptr) r = view_range(r, a.kv_start[seq], a.kv_lens[seq]);
+  const int32_t pos_end = std::max(r.end, 0);
+  const int32_t pos_begin = std::min(r.begin, pos_end);
   return SeqRange{PageRange{pos_begin / block_size, (pos_end + block_size - 1) / block_size}, pos_begin, pos_end};
+}
+
+DecodeContext::SeqRange DecodeContext::query(int32_t seq, int32_t j) const {
+  return in_view(seq, query_range(seq_len(seq), std::max(run_len(seq), 1), j, a.sliding_window));
 }
 
 PageRange DecodeContext::run_pages(int32_t seq) const {
@@ -60,10 +63,9 @@ PageRange DecodeContext::run_pages(int32_t seq) const {
   // ends: a window can leave the last rows nothing while earlier rows
   // attend the view's end).
   const int32_t len = seq_len(seq), n = std::max(run_len(seq), 1);
-  QueryRange span{query_range(len, n, 0, a.sliding_window).begin, query_range(len, n, n - 1, a.sliding_window).end};
-  if (a.kv_start != nullptr) span = view_range(span, a.kv_start[seq], a.kv_lens[seq]);
-  const int32_t end = std::max(span.end, 0), begin = std::min(span.begin, end);
-  return PageRange{begin / block_size, (end + block_size - 1) / block_size};
+  return in_view(seq, QueryRange{query_range(len, n, 0, a.sliding_window).begin,
+                                 query_range(len, n, n - 1, a.sliding_window).end})
+      .pages;
 }
 
 void GroupState::reset(int32_t group, int32_t head_dim, int32_t block_size) {

@@ -39,6 +39,8 @@ struct DecodeContext {
   SeqRange query(int32_t seq, int32_t j) const;
   // The pages any row of the run attends to: the range split-K cuts.
   PageRange run_pages(int32_t seq) const;
+  // Range r of sequence `seq` as SeqRange (clipped to its shard view, if any).
+  SeqRange in_view(int32_t seq, QueryRange r) const;
 };
 
 // Online-softmax state of one group: G = group q heads.

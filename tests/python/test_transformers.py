@@ -310,25 +310,6 @@ FAMILIES = {  # what each adds: GQA; a sliding window; soft-cap + windows + d128
 }
 
 
-def _teacher_forced(m, impl, ids, mask, cont, fmt="bf16"):
-    """Last-position logits of the prompt and of each forced continuation token."""
-    import transformers as tf
-    m.set_attn_implementation(impl)
-    cache = (mt.PagedCache(m.config, fmt, max_batch_size=ids.shape[0], max_cache_len=64) if impl == "metrale"
-             else tf.DynamicCache(config=m.config))
-    logits, cur = [], mask
-    with torch.no_grad():
-        for s in range(-1, cont.shape[1]):
-            step = ids if s < 0 else cont[:, s:s + 1]
-            if s >= 0:
-                cur = torch.cat([cur, cur.new_ones((cur.shape[0], 1))], 1)
-            pos = (cur.cumsum(-1) - 1).clamp(min=0)[:, -step.shape[1]:]
-            out = m(input_ids=step, attention_mask=cur, position_ids=pos, use_cache=True,
-                    **{hg.cache_kwarg(): cache})
-            logits.append(out.logits[:, -1].float())
-    return torch.stack(logits)
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_model_families_match_eager(prompts, family):
     """Other architectures through the same integration, teacher-forced against eager attention
@@ -342,10 +323,10 @@ def test_model_families_match_eager(prompts, family):
     m = m.to(torch.bfloat16).eval()
     ids, mask = prompts
     cont = torch.randint(3, 512, (ids.shape[0], 6), generator=torch.Generator().manual_seed(1))
-    ref = _teacher_forced(m, "eager", ids, mask, cont)
-    got = _teacher_forced(m, "metrale", ids, mask, cont)
+    ref = hg.teacher_forced(m, ids, mask, cont, "eager")[0]
+    got = hg.teacher_forced(m, ids, mask, cont, "metrale", "bf16")[0]
     assert float((got - ref).abs().max()) <= 0.03, float((got - ref).abs().max())
-    q = _teacher_forced(m, "metrale", ids, mask, cont, "nvfp4")
+    q = hg.teacher_forced(m, ids, mask, cont, "metrale", "nvfp4")[0]
     assert torch.isfinite(q).all() and float((q - ref).abs().max()) <= 0.3 * float(ref.abs().max())
 
 
