@@ -336,7 +336,11 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       pa[j / 2][2 * (j % 2) + 1] = pack2<Op>(sacc[4 * j + 2], sacc[4 * j + 3]);
     }
   };
+  // O takes the factors of its rows' new maxima; a warp whose rows' maxima
+  // all stayed (f == 1, the common case once a long run's maximum has
+  // settled) skips the multiplies, which changes no bit of O.
   auto rescale_o = [&](const float (&f)[2]) {
+    if (!__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) return;
 #pragma unroll
     for (int e = 0; e < kOAccs; ++e) o[e] *= f[(e / 2) % 2];
   };
