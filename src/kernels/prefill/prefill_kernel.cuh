@@ -121,10 +121,14 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     // outside the map with zeros, locate() skips it).
     const int pt = threadIdx.x;
     // In the order the consumers take them: K of tile t, then V of tile
-    // t - 1 (a consumer's step t runs QK of t with PV of t - 1), each into
-    // stage t % kStages once the consumers gave that stage's operand back.
-    // (K of t then V of t made K of t + 1 wait for V's later release: ncu
-    // showed the consumers waiting for K.)
+    // t - kVLag, each into stage t % kStages once the consumers gave that
+    // stage's operand back. With the overlap a consumer's step t runs QK of
+    // t with PV of t - 1 (kVLag 1); without it, QK and PV of t (kVLag 0).
+    // (With the overlap, K of t then V of t made K of t + 1 wait for V's
+    // later release: ncu showed the consumers waiting for K. Without it,
+    // V of t - 1 after K of t is the suspect of head_dim 256 FP8/NVFP4
+    // losing 1-17% in session 11; not yet measured.)
+    constexpr int kVLag = Cfg::kOverlap ? 1 : 0;
     auto wait_empty = [&](int op, int t) {
       if (t >= Cfg::kStages) mbar_wait(bar_empty(op, t % Cfg::kStages), ((t / Cfg::kStages) - 1) & 1);
     };
@@ -132,28 +136,30 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     if constexpr (Loader::kTma) {
       // The page ids of tile t + 1 are looked up before the waits of step t.
       typename Loader::Group grp = Loader::lookup(rows, p0_of(0), pt), grp_prev{};
-      for (int t = 0; t <= num_tiles; ++t) {
+      for (int t = 0; t < num_tiles + kVLag; ++t) {
         const typename Loader::Group grp_next = Loader::lookup(rows, p0_of(t + 1), pt);
         if (t < num_tiles) {
           wait_empty(0, t);
           Loader::load(&p.k_map, p.k_cache, rows, p0_of(t), grp, smem_base + Cfg::kKOffset(t % Cfg::kStages),
                        bar_full(0, t % Cfg::kStages), pt);
         }
-        if (t > 0) {
-          wait_empty(1, t - 1);
-          Loader::load(&p.v_map, p.v_cache, rows, p0_of(t - 1), grp_prev,
-                       smem_base + Cfg::kVOffset((t - 1) % Cfg::kStages), bar_full(1, (t - 1) % Cfg::kStages), pt);
+        if (t >= kVLag) {
+          const int tv = t - kVLag;
+          wait_empty(1, tv);
+          Loader::load(&p.v_map, p.v_cache, rows, p0_of(tv), kVLag ? grp_prev : grp,
+                       smem_base + Cfg::kVOffset(tv % Cfg::kStages), bar_full(1, tv % Cfg::kStages), pt);
         }
         grp_prev = grp;
         grp = grp_next;
       }
     } else {
-      for (int t = 0; t <= num_tiles; ++t) {
+      for (int t = 0; t < num_tiles + kVLag; ++t) {
         typename Loader::Raw rk, rv;
+        const int tv = t - kVLag;
         // All of the step's loads in flight while the stages drain (V's
         // row located again rather than kept: the producer's registers).
         if (t < num_tiles) Loader::fetch(p.k_cache, p, Loader::at(rows, p0_of(t), pt), pt, rk);
-        if (!Cfg::kFetchSplit && t > 0) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(t - 1), pt), pt, rv);
+        if (!Cfg::kFetchSplit && tv >= 0) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(tv), pt), pt, rv);
         if (t < num_tiles) {
           const int s = t % Cfg::kStages;
           wait_empty(0, t);
@@ -161,10 +167,10 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
           wg::fence_proxy_async();
           mbar_arrive(bar_full(0, s));
         }
-        if (t > 0) {
-          const int s = (t - 1) % Cfg::kStages;
-          if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(t - 1), pt), pt, rv);
-          wait_empty(1, t - 1);
+        if (tv >= 0) {
+          const int s = tv % Cfg::kStages;
+          if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(tv), pt), pt, rv);
+          wait_empty(1, tv);
           Loader::store(rv, smem + Cfg::kVOffset(s), pt);
           wg::fence_proxy_async();
           mbar_arrive(bar_full(1, s));
