@@ -209,8 +209,10 @@ TEST(Planner, QueryRunsTileTheirColumns) {
     one.max_q_len = 4;
     EXPECT_EQ(plan_decode(one, gpu_like(1000)).col_tiles, tiles) << to_string(f) << " " << len;
   }
-  p.max_q_len = 16;  // 64 columns: 4 tiles of 16
-  EXPECT_EQ(plan_decode(p, gpu_like(1000)).head_tiles, 4);
+  p.max_q_len = 16;  // 64 columns: 4 tiles of 16 (the planner's choice is the prefill kernel)
+  DecodePlanOptions runs_only;
+  runs_only.prefill = DecodePrefill::off;
+  EXPECT_EQ(plan_decode(p, gpu_like(1000), runs_only).head_tiles, 4);
   p.max_q_len = 2;  // 8 columns: one n-tile does
   EXPECT_EQ(plan_decode(p, gpu_like(1000)).col_tiles, 1);
   DecodeProblem wide = problem(4, 8, 4, 4096, 0, KvFormat::fp8_e4m3, 256);
@@ -247,8 +249,21 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   EXPECT_EQ(pre.num_splits, 1);
   EXPECT_EQ(pre.merge, DecodeMerge::single_pass);
   EXPECT_EQ(pre.workspace_bytes, 0u);
-  p.max_q_len = 16;  // verification: 64 rows per kv head
+  p.max_q_len = 16;  // verification over 8192: 8 CTAs x 8 splits fill less than half the SMs
   EXPECT_FALSE(plan_decode(p, gpu_like(1000)).prefill);
+  // Verification over a long context: bf16 from 8 tokens at GQA 4 (32 rows),
+  // the dequantising formats from 16 (64 rows), 8 CTAs split 16 ways.
+  for (const KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    DecodeProblem verify = problem(1, 8, 4, 32768, 0, f);
+    const int32_t first = f == KvFormat::bf16 ? 8 : 16;
+    for (const int32_t q : {2, 4, 8, 16}) {
+      verify.max_q_len = q;
+      verify.num_q_rows = q;
+      const DecodePlan vp = plan_decode(verify, gpu_like(1000));
+      EXPECT_EQ(vp.prefill, q >= first) << to_string(f) << " q_len " << q;
+      if (vp.prefill) EXPECT_EQ(vp.num_splits, 16);
+    }
+  }
   DecodeProblem chunk = problem(1, 8, 4, 32768);
   chunk.max_q_len = 64;  // 2 tiles x 8 kv heads: 16 CTAs over 32768 positions, split 8 ways
   chunk.num_q_rows = 64;

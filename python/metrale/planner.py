@@ -43,8 +43,8 @@ class Planner:
     "on"), ``load_path`` ("automatic", "registers", "tma"), ``merge``
     ("automatic", "single_pass", "cluster", "workspace"), ``prefill``
     ("automatic", "off", "on": query runs in the tensor-core prefill kernel,
-    ``plan.prefill``; the planner takes it for runs of at least 128 (row, q
-    head) pairs per kv head when its grid, split over a long context where
+    ``plan.prefill``; the planner takes it for runs of at least 32 (bf16) or
+    64 (fp8, NVFP4) (row, q head) pairs per kv head when its grid, split over a long context where
     needed (merged through the workspace), fills half the GPU). The planner owns
     the split-K workspace the plan needs on `device` (allocated once here,
     never in ``run``). ``run`` enqueues what the plan says without

@@ -38,11 +38,18 @@ constexpr int32_t runs_col_tiles(int32_t head_dim, int64_t columns) {
 // The prefill kernel (kernels/prefill): a CTA serves this many packed
 // (query row, q head) rows of one kv head, the rows j of a run and the
 // group's heads h in order (j * group + h), in tiles counted from the run's
-// end. The planner takes it for query runs of at least kPrefillMinRows rows
-// per kv head (fewer: the runs kernel, whose CTAs serve 8-16 columns and
-// split the pages).
+// end. The planner takes it for query runs of at least
+// kPrefillMinRows{Bf16,Dequant} rows per kv head (fewer: the runs kernel,
+// whose CTAs serve 8-16 columns and split the pages): it reads a kv head's
+// pages once for up to 128 rows, where the runs kernel reads them once per
+// 16 columns. Measured on the H200 (session 13, d128, GQA 4, 1 x 32768,
+// 16 x 8192, 64 x 4096): bf16 verification of 8 tokens (32 rows) took
+// 0.89-0.96x the runs kernel's time, 4 tokens 0.99-1.13x; the dequantising
+// producers (fp8, NVFP4: one thread converts a row) reach 1.2-1.4 and
+// 0.7-0.8 TB/s, so they win from 16 tokens (64 rows: 0.69-0.94x), not at 8.
 constexpr int32_t kPrefillRowsPerCta = 128;
-constexpr int32_t kPrefillMinRows = 128;
+constexpr int32_t kPrefillMinRowsBf16 = 32;
+constexpr int32_t kPrefillMinRowsDequant = 64;
 // Its splits (split-K, where its grid alone would leave SMs idle) hold at
 // least this many positions: 8 tiles of 128, against a CTA's fixed costs
 // (its Q, the ring's fill, a record of 128 rows). Not tuned by measurement.
