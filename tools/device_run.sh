@@ -8,7 +8,7 @@
 #   SANITIZE=1 tools/device_run.sh       # + memcheck and racecheck
 #   BENCH_ARGS="--mode oracle" tools/device_run.sh
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh   # use carried binaries
-#   TEST_TIMEOUT (s per test binary, 300), TEST_FILTER (a gtest filter);
+#   TEST_TIMEOUT (s per test binary, 300), TEST_FILTER (a gtest filter), PYTEST_TIMEOUT (400 s);
 #   PYTEST=0 / BENCH=0 / PEERS=0 skip parts; CP_BENCH=1 runs the multi-GPU benchmark
 #   PEERS_ARGS="--peers sdpa" passes options to bench/peers.py; PYTEST_ARGS to pytest
 #   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS,
@@ -25,6 +25,13 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BUILD=${METRALE_BUILD_DIR:-build-device}
+# Carried binaries come xz-compressed (tools/prepare_device_carry.sh): unpack
+# them beside themselves (xz, else Python's lzma).
+for z in "$BUILD"/*.xz "$BUILD"/*/*.xz; do
+  [ -f "$z" ] || continue
+  xz -dkf "$z" 2>/dev/null || python3 -c "import lzma,sys; open(sys.argv[1][:-3],'wb').write(lzma.open(sys.argv[1]).read())" "$z"
+  chmod +x "${z%.xz}"
+done
 
 if [ "${TESTS:-1}" = 1 ] && [ ! -x "$BUILD/tests/test_gpu_decode" ]; then
   echo "== building in $BUILD"
@@ -44,7 +51,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 summary=()
 count() { grep -E "^\[  $1  \] [0-9]+ test" "$2" | head -1 | awk '{print $4}'; }
 for t in "$BUILD"/tests/test_*; do
-  [ "${TESTS:-1}" = 1 ] && [ -x "$t" ] && [ -f "$t" ] || continue
+  [ "${TESTS:-1}" = 1 ] && [ -x "$t" ] && [ -f "$t" ] && [ "${t%.xz}" = "$t" ] || continue
   name=$(basename "$t")
   timeout "${TEST_TIMEOUT:-300}" "$t" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} >"$OUT/$name.log" 2>&1
   rc=$?
@@ -68,7 +75,7 @@ if [ "${PYTEST:-1}" = 1 ] && python3 -c "import torch, nanobind" 2>/dev/null; th
   # The extension compiles the library itself with this machine's compiler:
   # linking a libmetrale.a built by another GCC crashed in libstdc++ code
   # (ostream inlines of two GCC versions in one module).
-  bash python/run_gpu_tests.sh ${PYTEST_ARGS:-} >"$OUT/pytest.log" 2>&1
+  timeout "${PYTEST_TIMEOUT:-400}" bash python/run_gpu_tests.sh ${PYTEST_ARGS:-} >"$OUT/pytest.log" 2>&1
   summary+=("$(printf '%-24s rc %d  %s' "python (pytest)" $? "$(tail -1 "$OUT/pytest.log")")")
 fi
 
