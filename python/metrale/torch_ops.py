@@ -5,9 +5,10 @@ graph captures it (the ops enqueue on the current stream and never synchronise).
 
 Operators (importing this module registers them; needs torch >= 2.4):
 
-* ``metrale::reshape_and_cache(key, value, slot_mapping, k_cache, v_cache, layout, scales,
-  saturated=None)`` mutates ``k_cache`` / ``v_cache`` and, when given, adds the saturated K
-  and V elements to ``saturated`` (int64 ``[2]`` on the cache's device; returns nothing);
+* ``metrale::reshape_and_cache(key, value, slot_mapping, k_cache, v_cache, layout, scales)``
+  mutates ``k_cache`` / ``v_cache`` (returns nothing);
+  ``metrale::reshape_and_cache_counted(..., scales, saturated)`` also adds the saturated K
+  and V elements to ``saturated`` (int64 ``[2]`` on the cache's device);
 * ``metrale::decode(q, k_cache, v_cache, block_tables, seq_lens, layout, scales, sm_scale,
   sliding_window, max_seq_len) -> out`` ``(num_seqs, num_q_heads, head_dim)`` bf16;
 * ``metrale::attend(q, k_cache, v_cache, q_start, block_tables, seq_lens, sinks, layout,
@@ -134,21 +135,40 @@ def _check_max_seq_len(block_tables: torch.Tensor, lay: KvCacheLayout, max_seq_l
     return int(block_tables.shape[-1]) * int(lay.block_size) if block_tables.dim() == 2 else 0
 
 
-@torch.library.custom_op("metrale::reshape_and_cache", mutates_args=("k_cache", "v_cache", "saturated"))
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, layout: List[int], scales: List[float],
-                      saturated: Optional[torch.Tensor] = None) -> None:
-    """metrale.reshape_and_cache as an operator (negative slots are padding; slots past the
-    capacity are skipped, uncounted here): key / value read where they lie (token and head
-    strides); ``saturated``: the write's clipped K and V elements are added to its two
-    int64 counters (no synchronisation)."""
+def _write(key, value, slot_mapping, k_cache, v_cache, layout, scales, saturated) -> None:
     lay = _layout(layout)
     _metrale.reshape_and_cache(_dl(key), _dl(value), _dl(slot_mapping), lay, _dl(k_cache), _dl(v_cache),
                                _scales(scales), None, None if saturated is None else _dl(saturated), _stream(key))
 
 
+# Two operators, not one with `saturated: Optional[Tensor] = None`: torch 2.11's
+# ADInplaceOrView kernel of a custom op indexes the positional arguments by the
+# schema's mutated indices, so a mutated argument left to its default raised
+# IndexError (torch 2.15 checks the bound).
+@torch.library.custom_op("metrale::reshape_and_cache", mutates_args=("k_cache", "v_cache"))
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, layout: List[int], scales: List[float]) -> None:
+    """metrale.reshape_and_cache as an operator (negative slots are padding; slots past the
+    capacity are skipped): key / value read where they lie (token and head strides)."""
+    _write(key, value, slot_mapping, k_cache, v_cache, layout, scales, None)
+
+
 @reshape_and_cache.register_fake
-def _(key, value, slot_mapping, k_cache, v_cache, layout, scales, saturated=None) -> None:
+def _(key, value, slot_mapping, k_cache, v_cache, layout, scales) -> None:
+    return None
+
+
+@torch.library.custom_op("metrale::reshape_and_cache_counted", mutates_args=("k_cache", "v_cache", "saturated"))
+def reshape_and_cache_counted(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
+                              k_cache: torch.Tensor, v_cache: torch.Tensor, layout: List[int], scales: List[float],
+                              saturated: torch.Tensor) -> None:
+    """reshape_and_cache that also adds the write's clipped K and V elements to ``saturated``'s
+    two int64 counters (no synchronisation)."""
+    _write(key, value, slot_mapping, k_cache, v_cache, layout, scales, saturated)
+
+
+@reshape_and_cache_counted.register_fake
+def _(key, value, slot_mapping, k_cache, v_cache, layout, scales, saturated) -> None:
     return None
 
 
@@ -214,4 +234,4 @@ def _(q, k_cache, v_cache, q_start, block_tables, seq_lens, sinks, layout, scale
     return q.new_empty((q.shape[0], _q_heads(q, d), d), dtype=torch.bfloat16)
 
 
-__all__ = ["layout_spec", "reshape_and_cache", "decode", "attend"]
+__all__ = ["layout_spec", "reshape_and_cache", "reshape_and_cache_counted", "decode", "attend"]

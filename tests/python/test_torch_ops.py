@@ -147,7 +147,7 @@ def test_write_op_counts_saturated_elements(rng, fmt):
     p = Problem(rng, fmt)
     p.scales = [s / 2 for s in p.scales[:2]] + [s / 2 for s in p.scales[2:]] if fmt != "bf16" else p.scales
     sat = torch.zeros(2, dtype=torch.int64)
-    torch.ops.metrale.reshape_and_cache(p.key, p.value, p.slots, p.k_cache, p.v_cache, p.spec, p.scales, sat)
+    torch.ops.metrale.reshape_and_cache_counted(p.key, p.value, p.slots, p.k_cache, p.v_cache, p.spec, p.scales, sat)
     unit = {"bf16": None, "fp8": (p.scales[0], p.scales[1]), "nvfp4": (6 * p.scales[2], 6 * p.scales[3])}[fmt]
     if unit is None:
         assert sat.tolist() == [0, 0]
@@ -159,7 +159,7 @@ def test_write_op_counts_saturated_elements(rng, fmt):
     again = np.zeros(2, dtype=np.int64)
     metrale.reshape_and_cache(p.key, p.value, p.slots, view, saturated=torch.from_numpy(again))
     assert again.tolist() == sat.tolist()
-    torch.library.opcheck(torch.ops.metrale.reshape_and_cache.default,
+    torch.library.opcheck(torch.ops.metrale.reshape_and_cache_counted.default,
                           (p.key, p.value, p.slots, p.k_cache, p.v_cache, p.spec, p.scales, sat))
 
 
