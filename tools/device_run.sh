@@ -13,7 +13,8 @@
 #   PEERS_ARGS="--peers sdpa" passes options to bench/peers.py; PYTEST_ARGS to pytest
 #   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS,
 #   QLEN_T1=0 leaves out the one-column-tile rows); PREFILL_BENCH=1 the prefill table (issue 18:
-#   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS=0 skips the peers);
+#   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS_ARGS to bench/prefill_peers.py,
+#   PREFILL_PEERS=0 skips the peers);
 #   PREFILL_NCU=1 profiles one prefill kernel with ncu (per-instruction stalls: tools/ncu_sass_stalls.py);
 #   PREFILL_AB=1 tests and times the prefill variants carried in .deps/ab (tools/prefill_ab.sh);
 #   TESTS=0 skips the build and the test binaries (e.g. TESTS=0 PYTEST=0 BENCH=0 PREFILL_AB=1)
@@ -123,7 +124,7 @@ if [ "${PREFILL_BENCH:-0}" = 1 ]; then
     "$BUILD/bench/prefill_bench" --head-dim $d ${PREFILL_ARGS:-} --json "$OUT/prefill_d$d.json" 2>&1 | tee -a "$OUT/prefill.log"
     summary+=("$(printf '%-24s rc %d' "prefill_bench d$d" ${PIPESTATUS[0]})")
     if [ "${PREFILL_PEERS:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then
-      PYTHONUNBUFFERED=1 python3 bench/prefill_peers.py --head-dim $d --csv "$OUT/prefill_peers_d$d.csv" 2>&1 |
+      PYTHONUNBUFFERED=1 python3 bench/prefill_peers.py --head-dim $d ${PREFILL_PEERS_ARGS:-} --csv "$OUT/prefill_peers_d$d.csv" 2>&1 |
         tee -a "$OUT/prefill.log"
     fi
   done
