@@ -510,12 +510,12 @@ class PagedCache(Cache):
         # a prompt: one write per sequence of its (n, kv_heads, head_dim) view. Clipped elements
         # (values past the prompt's calibrated range) are counted per layer in `sat`: saturated().
         if n == 1:
-            torch.ops.metrale.reshape_and_cache(key[:, :, 0], value[:, :, 0], step.slots, k_cache, v_cache,
-                                                self._spec, scales, sat)
+            torch.ops.metrale.reshape_and_cache_counted(key[:, :, 0], value[:, :, 0], step.slots, k_cache,
+                                                        v_cache, self._spec, scales, sat)
         else:
             for b in range(batch):
-                torch.ops.metrale.reshape_and_cache(key[b].transpose(0, 1), value[b].transpose(0, 1), slots[b],
-                                                    k_cache, v_cache, self._spec, scales, sat)
+                torch.ops.metrale.reshape_and_cache_counted(key[b].transpose(0, 1), value[b].transpose(0, 1),
+                                                            slots[b], k_cache, v_cache, self._spec, scales, sat)
         self.kv._written[layer] = True
         sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
         table, lens = self._dev["table"], self._dev["lens"]
