@@ -186,7 +186,8 @@ int main(int argc, char** argv) {
       std::printf("%-6s %-12s %10.1f us %7.1f TFLOPS %6.3f P %7.0f GB/s  %s%s\n", fs.c_str(), sh.c_str(), us,
                   tflops, tflops / peak, gbps, kernel.c_str(), check.c_str());
       std::fflush(stdout);
-      rows.push_back({{"format", fs}, {"shape", sh}, {"us", us}, {"tflops", tflops}, {"fraction_of_peak", tflops / peak}, {"gbps", gbps},
+      rows.push_back({{"format", fs}, {"shape", sh}, {"us", us}, {"tflops", tflops}, {"fraction_of_peak", tflops / peak},
+                      {"gbps", gbps},
                       {"kernel", kernel}, {"head_dim", head_dim}, {"heads", heads}, {"check_max_rel_l2", check_err},
                       {"l2", l2}});
       failed = failed || check_err > 2e-2;

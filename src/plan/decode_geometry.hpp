@@ -52,7 +52,9 @@ constexpr int32_t kPrefillMinRowsBf16 = 32;
 constexpr int32_t kPrefillMinRowsDequant = 64;
 // Its splits (split-K, where its grid alone would leave SMs idle) hold at
 // least this many positions: 8 tiles of 128, against a CTA's fixed costs
-// (its Q, the ring's fill, a record of 128 rows). Not tuned by measurement.
+// (its Q, the ring's fill, a record of 128 rows). The counts it gives were
+// the fastest of 1-16 forced at 64-512 tokens over 32768 (session 13); the
+// threshold itself was not swept.
 constexpr int32_t kPrefillMinTokensPerSplit = 1024;
 // Its grid is (kv heads x splits, sequences, tiles): y and z at most 65535.
 constexpr int64_t kPrefillMaxGridYZ = 65535;

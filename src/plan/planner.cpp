@@ -190,10 +190,10 @@ int32_t prefill_splits(const DecodeProblem& p, const DecodeTarget& target, int64
 }
 // Query runs take the prefill kernel where a kv head has at least
 // kPrefillMinRowsBf16 (bf16) or kPrefillMinRowsDequant (fp8, NVFP4) packed
-// rows and its grid (one CTA per 128 rows and split)
-// fills half the GPU's SMs; fewer CTAs (a short context) leave the SMs idle
-// that the runs kernel's splits would fill. Forced split counts (but 1),
-// column tiles or the cluster merge keep the runs kernel.
+// rows and its grid (one CTA per 128 rows and split) fills half the GPU's
+// SMs; fewer CTAs (a short context) leave the SMs idle that the runs
+// kernel's splits would fill. Forced split counts (but 1), column tiles or
+// the cluster merge keep the runs kernel.
 bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t kv_units, int64_t columns,
                    int64_t tiles, const DecodePlanOptions& opt) {
   if (!prefill_loads(p, target)) return false;
@@ -244,7 +244,7 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
     detail::throw_unsupported("col_tiles", opt.col_tiles, "1 except for query runs (or attention options) at head_dim <= 128");
   const int64_t wave = int64_t(target.num_sms) * kDecodeCtasPerSm;
 
-  // The prefill kernel: tiles of kPrefillRowsPerCta packed rows, single pass.
+  // The prefill kernel: tiles of kPrefillRowsPerCta packed rows, split-K where its grid is short.
   const int64_t prefill_tiles = (columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta;
   switch (opt.prefill) {
     case DecodePrefill::automatic:

@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     // t with PV of t - 1 (kVLag 1); without it, QK and PV of t (kVLag 0).
     // (With the overlap, K of t then V of t made K of t + 1 wait for V's
     // later release: ncu showed the consumers waiting for K. Without it,
-    // V of t - 1 after K of t is the suspect of head_dim 256 FP8/NVFP4
-    // losing 1-17% in session 11; not yet measured.)
+    // V of t - 1 after K of t cost head_dim 256 FP8 2-3% and NVFP4 2-7%:
+    // session 13, call 1.)
     constexpr int kVLag = Cfg::kOverlap ? 1 : 0;
     auto wait_empty = [&](int op, int t) {
       if (t >= Cfg::kStages) mbar_wait(bar_empty(op, t % Cfg::kStages), ((t / Cfg::kStages) - 1) & 1);
