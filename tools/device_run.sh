@@ -49,6 +49,14 @@ fi
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
+# The GPU's clocks, power and throttle reasons before each timed part
+# (gpu_state.txt): session 13's prefill table ran bf16 2-8% below the same
+# build's A/B minutes before.
+gpu_state() {
+  printf '%-28s ' "$1" >>"$OUT/gpu_state.txt"
+  nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv,noheader >>"$OUT/gpu_state.txt" 2>&1
+}
 summary=()
 count() { grep -E "^\[  $1  \] [0-9]+ test" "$2" | head -1 | awk '{print $4}'; }
 for t in "$BUILD"/tests/test_*; do
@@ -81,6 +89,7 @@ if [ "${PYTEST:-1}" = 1 ] && python3 -c "import torch, nanobind" 2>/dev/null; th
 fi
 
 if [ "${BENCH:-1}" = 1 ]; then
+  gpu_state "decode bench"
   "$BUILD/bench/metrale_bench" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
   # GPU decode against the CPU backend (exit 1 on a failure; was `metrale check`).
   "$BUILD/bench/metrale_bench" --mode check --shapes 1x1000,4x3000,16x513,33x200,64x4096 --json "$OUT/bench_check.json" >"$OUT/bench_check.log" 2>&1
@@ -106,6 +115,7 @@ fi
 if [ "${QLEN_BENCH:-0}" = 1 ]; then
   QS=${QLEN_SHAPES:-1x32768,16x8192,64x4096}
   for n in 1 2 4 8; do
+    gpu_state "q_len $n"
     "$BUILD/bench/metrale_bench" --shapes "$QS" --q-len $n --csv "$OUT/qlen_$n.csv" 2>&1 | tee -a "$OUT/qlen.log"
     [ $n -gt 2 ] && [ "${QLEN_T1:-1}" = 1 ] && "$BUILD/bench/metrale_bench" --shapes "$QS" --q-len $n --col-tiles 1 --csv "$OUT/qlen_${n}_t1.csv" 2>&1 |
       tee -a "$OUT/qlen.log"
@@ -121,6 +131,7 @@ fi
 # every format through the planner's kernel, and the peers on the same shapes.
 if [ "${PREFILL_BENCH:-0}" = 1 ]; then
   for d in ${PREFILL_DIMS:-128}; do
+    gpu_state "prefill d$d"
     "$BUILD/bench/prefill_bench" --head-dim $d ${PREFILL_ARGS:-} --json "$OUT/prefill_d$d.json" 2>&1 | tee -a "$OUT/prefill.log"
     summary+=("$(printf '%-24s rc %d' "prefill_bench d$d" ${PIPESTATUS[0]})")
     if [ "${PREFILL_PEERS:-1}" = 1 ] && python3 -c "import torch" 2>/dev/null; then

@@ -125,6 +125,17 @@ def test_attend_op_runs_equal_python_attend(rng, window, softcap, sinks):
     assert torch.equal(out, want)
 
 
+def test_mutated_arguments_have_no_default():
+    """Every argument an operator mutates is required: torch 2.11's ADInplaceOrView kernel
+    indexes the call's positional arguments by the schema's mutated indices, so a mutated
+    argument left to its default raised IndexError there (torch 2.15 checks the bound)."""
+    for name in ("reshape_and_cache", "reshape_and_cache_counted", "decode", "attend"):
+        schema = getattr(torch.ops.metrale, name).default._schema
+        for arg in schema.arguments:
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                assert not arg.has_default_value(), (name, arg.name)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_opcheck(rng, fmt):
     p = Problem(rng, fmt)
