@@ -53,9 +53,11 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 # (gpu_state.txt): session 13's prefill table ran bf16 2-8% below the same
 # build's A/B minutes before.
 gpu_state() {
-  printf '%-28s ' "$1" >>"$OUT/gpu_state.txt"
-  nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-    --format=csv,noheader >>"$OUT/gpu_state.txt" 2>&1
+  local q=clocks.sm,clocks.max.sm,power.draw,temperature.gpu r  # the reasons' field was renamed (drivers 535+)
+  r=$(nvidia-smi --query-gpu=$q,clocks_event_reasons.active --format=csv,noheader 2>/dev/null ||
+    nvidia-smi --query-gpu=$q,clocks_throttle_reasons.active --format=csv,noheader 2>/dev/null ||
+    nvidia-smi --query-gpu=$q --format=csv,noheader 2>&1)
+  printf '%-28s %s\n' "$1" "$r" >>"$OUT/gpu_state.txt"
 }
 summary=()
 count() { grep -E "^\[  $1  \] [0-9]+ test" "$2" | head -1 | awk '{print $4}'; }
