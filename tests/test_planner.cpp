@@ -264,6 +264,18 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
       if (vp.prefill) EXPECT_EQ(vp.num_splits, 16);
     }
   }
+  // Over fewer than kPrefillShortRunsMinAttended positions (not measured),
+  // short runs keep the runs kernel; a tile of 128 rows takes the prefill kernel.
+  DecodeProblem short_verify = problem(64, 8, 4, 2048);
+  short_verify.max_q_len = 16;
+  short_verify.num_q_rows = 64 * 16;
+  EXPECT_FALSE(plan_decode(short_verify, gpu_like(1000)).prefill);
+  short_verify.max_seq_len = 4096;
+  EXPECT_TRUE(plan_decode(short_verify, gpu_like(1000)).prefill);
+  short_verify.max_seq_len = 2048;
+  short_verify.max_q_len = 32;
+  short_verify.num_q_rows = 64 * 32;
+  EXPECT_TRUE(plan_decode(short_verify, gpu_like(1000)).prefill);
   DecodeProblem chunk = problem(1, 8, 4, 32768);
   chunk.max_q_len = 64;  // 2 tiles x 8 kv heads: 16 CTAs over 32768 positions, split 8 ways
   chunk.num_q_rows = 64;

@@ -44,12 +44,13 @@ class Planner:
     ("automatic", "single_pass", "cluster", "workspace"), ``prefill``
     ("automatic", "off", "on": query runs in the tensor-core prefill kernel,
     ``plan.prefill``; the planner takes it for runs of at least 32 (bf16) or
-    64 (fp8, NVFP4) (row, q head) pairs per kv head when its grid, split over
-    a long context where needed (merged through the workspace), fills half the
-    GPU). The planner owns the split-K workspace the plan needs on `device`
-    (allocated once here, never in ``run``). ``run`` enqueues what the plan says without
-    synchronising or allocating when ``out`` is given, so it can be captured
-    in a CUDA graph. A batch of up to ``num_seqs`` sequences and any lengths
+    64 (fp8, NVFP4) (row, q head) pairs per kv head (128 over fewer than 4096
+    attended positions) when its grid, split over a long context where needed
+    (merged through the workspace), fills half the GPU). The planner owns the
+    split-K workspace the plan needs on `device` (allocated once here, never
+    in ``run``). ``run`` enqueues what the plan says without synchronising
+    or allocating when ``out`` is given, so it can be captured in a CUDA
+    graph. A batch of up to ``num_seqs`` sequences and any lengths
     may run on one plan (the plan is a performance choice, not a correctness
     one).
     """

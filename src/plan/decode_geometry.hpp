@@ -50,6 +50,10 @@ constexpr int32_t runs_col_tiles(int32_t head_dim, int64_t columns) {
 constexpr int32_t kPrefillRowsPerCta = 128;
 constexpr int32_t kPrefillMinRowsBf16 = 32;
 constexpr int32_t kPrefillMinRowsDequant = 64;
+// Those short runs were measured over 4096-32768 attended positions only;
+// over fewer, where a CTA's fixed costs (its Q, the ring's fill) weigh more,
+// runs of fewer than kPrefillRowsPerCta rows keep the runs kernel.
+constexpr int32_t kPrefillShortRunsMinAttended = 4096;
 // Its splits (split-K, where its grid alone would leave SMs idle) hold at
 // least this many positions: 8 tiles of 128, against a CTA's fixed costs
 // (its Q, the ring's fill, a record of 128 rows). The counts it gives were
