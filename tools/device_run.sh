@@ -27,11 +27,10 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BUILD=${METRALE_BUILD_DIR:-build-device}
 # Carried binaries come xz-compressed (tools/prepare_device_carry.sh): unpack
-# them beside themselves (xz, else Python's lzma).
+# them beside themselves (tools/unxz.sh).
 for z in "$BUILD"/*.xz "$BUILD"/*/*.xz; do
   [ -f "$z" ] || continue
-  xz -dkf "$z" 2>/dev/null || python3 -c "import lzma,sys; open(sys.argv[1][:-3],'wb').write(lzma.open(sys.argv[1]).read())" "$z"
-  chmod +x "${z%.xz}"
+  tools/unxz.sh "$z" "${z%.xz}"
 done
 
 if [ "${TESTS:-1}" = 1 ] && [ ! -x "$BUILD/tests/test_gpu_decode" ]; then

@@ -5,7 +5,7 @@
 # TFLOPS of each binary and its ratio to the first.
 #
 #   tools/prefill_ab.sh OUT_DIR NAME=BINARY [NAME=BINARY ...]
-#   (a BINARY ending in .xz is unpacked to OUT_DIR first: xz, else Python's lzma)
+#   (a BINARY ending in .xz is unpacked to OUT_DIR first: tools/unxz.sh)
 #   PREFILL_AB_ARGS   options for every binary (default: the d128 shapes)
 #   PREFILL_AB_ARGS_<NAME>  more options for that one (e.g. --load-path registers)
 #   PREFILL_AB_TESTS=1  first runs each binary's sibling test_gpu_attn(.xz), if there
@@ -21,8 +21,7 @@ unpack() {  # NAME BINARY -> the runnable path
   case $2 in
     *.xz)
       local to="$OUT/bin_$1"
-      xz -dc "$2" >"$to" 2>/dev/null || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$2" >"$to"
-      chmod +x "$to"
+      "$(dirname "$0")/unxz.sh" "$2" "$to"
       echo "$to" ;;
     *) echo "$2" ;;
   esac

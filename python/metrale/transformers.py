@@ -277,7 +277,7 @@ class PagedCache(Cache):
                              f"shortest sequence's {shortest} real tokens")
         kept = self._lens - remove
         for b in range(self._batch):
-            need, have = -(-int(kept[b]) // self.block_size), -(-int(self._lens[b]) // self.block_size)
+            need, have = self._blocks(kept[b]), self._blocks(self._lens[b])
             for j in range(have - 1, need - 1, -1):
                 self._release(int(self._table[b, j]))
         self._lens = kept
@@ -285,8 +285,7 @@ class PagedCache(Cache):
             self._dev["table"].copy_(torch.from_numpy(self._table))
         self._columns -= remove
         self._dev["lens"] -= remove
-        self._step = None
-        self._last_layer = None
+        self._forget_step()
 
     def reorder_cache(self, beam_idx: Any) -> None:
         """Beam search: sequence i goes on from the history of sequence ``beam_idx[i]``, in every
@@ -314,7 +313,7 @@ class PagedCache(Cache):
                 or (same_batch and len(idx) != self._batch) or len(idx) > self.max_batch_size:
             want = f"{self._batch}" if same_batch else f"1..{self.max_batch_size} (max_batch_size)"
             raise ValueError(f"'{name}': {want} sequence indices in [0, {self._batch}) expected; got {indices!r}")
-        blocks = [-(-int(n) // self.block_size) for n in self._lens]
+        blocks = [self._blocks(n) for n in self._lens]
         for src in idx:
             self._refs[self._table[src, :blocks[src]]] += 1
         for b in range(self._batch):
@@ -327,8 +326,7 @@ class PagedCache(Cache):
         self._own_last_blocks()
         self._dev["table"].copy_(torch.from_numpy(self._table))
         self._dev["lens"].copy_(torch.from_numpy(self._lens.astype(np.int32)))
-        self._step = None
-        self._last_layer = None
+        self._forget_step()
 
     @property
     def batch_size(self) -> int:
@@ -351,6 +349,15 @@ class PagedCache(Cache):
         block = self._free.pop()
         self._refs[block] = 1
         return block
+
+    def _blocks(self, tokens) -> int:
+        """The blocks that `tokens` tokens of a sequence fill."""
+        return -(-int(tokens) // self.block_size)
+
+    def _forget_step(self) -> None:
+        """After the sequences changed between forwards: the next layer call starts a new step."""
+        self._step = None
+        self._last_layer = None
 
     def _release(self, block: int) -> None:
         self._refs[block] -= 1
@@ -386,9 +393,7 @@ class PagedCache(Cache):
         if new_len > self.max_cache_len:
             raise RuntimeError(f"metrale PagedCache: sequence {b} reaches {new_len} tokens; expected at most "
                                f"max_cache_len = {self.max_cache_len}")
-        have = -(-int(self._lens[b]) // self.block_size)
-        need = -(-new_len // self.block_size)
-        for j in range(have, need):
+        for j in range(self._blocks(self._lens[b]), self._blocks(new_len)):
             self._table[b, j] = self._take_block()
 
     def _begin_batch(self, batch: int, device: torch.device) -> None:

@@ -70,7 +70,6 @@ struct RunsProblem {
   size_t out_elems() const { return size_t(rows()) * p.num_q_heads() * p.layout.head_dim; }
 };
 
-// Runs of 0..max_run rows (at most the sequence's length).
 // Random sink logits per q head: -2..2, every third head none (kNoSink).
 inline std::vector<float> random_sinks(int32_t num_q_heads, std::mt19937_64& rng) {
   std::vector<float> sinks;
@@ -78,6 +77,7 @@ inline std::vector<float> random_sinks(int32_t num_q_heads, std::mt19937_64& rng
   return sinks;
 }
 
+// Runs of 0..max_run rows (at most the sequence's length).
 inline std::vector<int32_t> random_runs(const std::vector<int32_t>& lens, int32_t max_run, std::mt19937_64& rng) {
   std::vector<int32_t> runs;
   for (int32_t L : lens) runs.push_back(int32_t(rng() % (std::min(L, max_run) + 1)));
