@@ -4,10 +4,15 @@
 # 1. a venv at BUILD_DIR/pyenv (created once) with the build tools and test
 #    dependencies from PyPI: scikit-build-core, nanobind, numpy, pytest, and
 #    torch + transformers 5.x for the torch-op and transformers tests (the
-#    PyPI torch wheel with its nvidia-* dependencies: about 100 s and 5.3 GB
-#    the first time; `--no-deps` was tried and does not import: libtorch needs
-#    libcufile, libcusparseLt and libnvshmem from those packages).
-#    METRALE_PYTEST_TORCH=0 leaves torch out (those tests then skip);
+#    PyPI torch wheel with its nvidia-* dependencies: about 100 s and 5.6 GB
+#    the first time; `--no-deps` on torch alone was tried and does not
+#    import: libtorch needs libcufile, libcusparseLt and libnvshmem from those
+#    packages). They install one package at a time without pip's cache, so
+#    the disk holds at most one downloaded wheel beside what is installed
+#    (about 7 GB at the peak, instead of the 12 GB that one `pip install`
+#    with its cache took). With less free space than that the torch tests
+#    skip, and this script says so; METRALE_PYTEST_TORCH=0 leaves torch out
+#    on purpose (those tests then skip too);
 # 2. `pip install` of the package from SOURCE_DIR into it, linking the
 #    libmetrale.a CTest's build already made (METRALE_PREBUILT_LIB), so only
 #    the nanobind extension compiles (the CUDA kernels are not compiled a
@@ -53,9 +58,34 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 if ! "$venv/bin/python" -c "import scikit_build_core, nanobind, numpy, pytest" >/dev/null 2>&1; then
   "${pip[@]}" install "scikit-build-core>=0.10" "nanobind>=2.2" numpy pytest
 fi
+# torch and transformers, one package at a time (pip resolves the whole set
+# first, without downloading the wheels), with pip's downloads kept in the
+# build tree so that one free-space check covers them.
+torch_peak_gb=7
+install_torch() {
+  local report=$build/pyenv-torch-report.json tmp=$build/pyenv-pip-tmp free_gb
+  free_gb=$(df -Pk "$build" | awk 'NR == 2 { printf "%d", $4 / 1048576 }')
+  if [ "$free_gb" -lt "$torch_peak_gb" ]; then
+    log "SKIPPING the torch tests: $free_gb GB free under $build, and torch +" \
+        "transformers take about $torch_peak_gb GB to install"
+    return 0
+  fi
+  log "installing torch and transformers 5.x (first run only; $free_gb GB free)"
+  mkdir -p "$tmp"
+  TMPDIR=$tmp "${pip[@]}" install --dry-run --report "$report" torch "transformers>=5,<6"
+  local -a pins
+  mapfile -t pins < <("$venv/bin/python" -c '
+import json, sys
+for item in json.load(open(sys.argv[1]))["install"]:
+    print(item["metadata"]["name"] + "==" + item["metadata"]["version"])' "$report")
+  local pin
+  for pin in "${pins[@]}"; do
+    TMPDIR=$tmp "${pip[@]}" install --no-deps --no-cache-dir "$pin"
+  done
+  rm -rf "$tmp" "$report"
+}
 if [ "${METRALE_PYTEST_TORCH:-1}" != 0 ] && ! "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1; then
-  log "installing torch and transformers 5.x (first run only)"
-  "${pip[@]}" install torch "transformers>=5,<6"
+  install_torch
 fi
 log "venv ready in $((SECONDS - start)) s"
 
