@@ -5,7 +5,8 @@
 # TFLOPS of each binary and its ratio to the first.
 #
 #   tools/prefill_ab.sh OUT_DIR NAME=BINARY [NAME=BINARY ...]
-#   (a BINARY ending in .xz is unpacked to OUT_DIR first: tools/unxz.sh)
+#   (a BINARY ending in .xz is unpacked first, into PREFILL_AB_BINS, default
+#   /tmp/prefill_ab_bins: outside OUT_DIR, whose files travel back)
 #   PREFILL_AB_ARGS   options for every binary (default: the d128 shapes)
 #   PREFILL_AB_ARGS_<NAME>  more options for that one (e.g. --load-path registers)
 #   PREFILL_AB_TESTS=1  first runs each binary's sibling test_gpu_attn(.xz), if there
@@ -20,8 +21,9 @@ args=${PREFILL_AB_ARGS:---head-dim 128}
 unpack() {  # NAME BINARY -> the runnable path
   case $2 in
     *.xz)
-      local to="$OUT/bin_$1"
-      "$(dirname "$0")/unxz.sh" "$2" "$to"
+      local to="${PREFILL_AB_BINS:-/tmp/prefill_ab_bins}/$1"
+      mkdir -p "$(dirname "$to")"
+      [ -x "$to" ] || "$(dirname "$0")/unxz.sh" "$2" "$to"
       echo "$to" ;;
     *) echo "$2" ;;
   esac

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One device call's worth of prefill A/B over the builds in .deps/ab
+# (tools/build_prefill_variants.sh), in groups, each through
+# tools/prefill_ab.sh (rounds alternate the builds), then ncu of the base
+# build's bf16 kernel:
+#   1. bf16 prompt timing at d128 and d64 (no --check: the knockout builds,
+#      KNOCKOUT in their commit message, compute wrong results on purpose);
+#   2. the dequantising formats' prompts and every format's verification
+#      shapes, with --check (each build's prefill kernel against its runs
+#      kernel, rel. L2 <= 2e-2, no NaN).
+# A group names builds by their .deps/ab directory; missing ones are left out.
+#
+#   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
+#   SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT/logs"
+AB=.deps/ab
+pick() {  # NAME... -> name=binary for the builds that are there
+  local n
+  for n in "$@"; do [ -f "$AB/$n/prefill_bench.xz" ] && echo "$n=$AB/$n/prefill_bench.xz"; done
+}
+run_group() {  # TITLE ARGS NAME...: the table in $OUT/ab_TITLE.txt, the logs in logs/TITLE
+  local title=$1 args=$2
+  shift 2
+  mapfile -t builds < <(pick "$@")
+  { echo "== $title ($args)"
+    PREFILL_AB_TESTS=0 PREFILL_AB_ARGS="$args" tools/prefill_ab.sh "$OUT/logs/$title" "${builds[@]}"; } 2>&1 |
+    tee "$OUT/ab_$title.txt"
+}
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  --format=csv >"$OUT/gpu_state.txt" 2>&1
+
+bf16_builds=(main next_s15_prefill_uniform_consumer next_s14_prefill_bf16_n176 next_s15_prefill_exp2_fma
+  next_s15_prefill_exp2_fma_half next_s15_prefill_verify_split_tiles
+  next_s15_ko_no_loads next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_pv)
+run_group bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" "${bf16_builds[@]}"
+run_group bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main next_s15_prefill_uniform_consumer \
+  next_s15_prefill_exp2_fma next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_loads
+
+dq_builds=(main next_s14_prefill_two_producers next_s14_prefill_idle_consumer next_s14_prefill_verify_combined
+  next_s15_prefill_verify_split_tiles next_s15_prefill_verify_split_two_producers next_s15_prefill_uniform_consumer)
+run_group dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
+run_group verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752 --check" \
+  "${dq_builds[@]}"
+
+# ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
+# beside the knockouts above (device_run.sh's PREFILL_NCU sections).
+if [ "${SUITE_NCU:-1}" = 1 ]; then
+  base=${PREFILL_AB_BINS:-/tmp/prefill_ab_bins}/main
+  [ -x "$base" ] || tools/unxz.sh "$AB/main/prefill_bench.xz" "$base"
+  /usr/local/cuda/bin/ncu --clock-control none --graph-profiling node -k regex:paged_prefill_kernel -c 1 \
+    --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+    --section SchedulerStats --section SourceCounters -f -o "$OUT/prefill_ncu" \
+    "$base" --formats bf16 --head-dim 128 --shapes 8192 >"$OUT/prefill_ncu.log" 2>&1
+  echo "ncu rc $?"
+  /usr/local/cuda/bin/ncu -i "$OUT/prefill_ncu.ncu-rep" --page details >"$OUT/prefill_ncu.txt" 2>&1
+  /usr/local/cuda/bin/ncu -i "$OUT/prefill_ncu.ncu-rep" --page source --csv --print-source sass \
+    >"$OUT/logs/prefill_ncu_sass.csv" 2>&1
+  mv "$OUT/prefill_ncu.log" "$OUT/logs/"
+  rm -f "$OUT/prefill_ncu.ncu-rep"
+fi
+# The device tool returns few files: the tables as they are, the logs (and
+# ncu's per-instruction CSV, for tools/ncu_sass_stalls.py) in one archive.
+(cd "$OUT" && tar czf results.tgz logs && rm -rf logs)
