@@ -11,8 +11,9 @@
 #    the disk holds at most one downloaded wheel beside what is installed
 #    (about 6.5 GB at the peak; 8 GB free are asked for). With less free
 #    space, or when a package fails to install (what was installed is then
-#    taken back), the torch tests skip, and this script says so; METRALE_PYTEST_TORCH=0 leaves torch out
-#    on purpose (those tests then skip too);
+#    taken back), the torch tests skip, and this script says so.
+#    METRALE_PYTEST_TORCH=0 leaves torch out on purpose (those tests then
+#    skip too);
 # 2. `pip install` of the package from SOURCE_DIR into it, linking the
 #    libmetrale.a CTest's build already made (METRALE_PREBUILT_LIB), so only
 #    the nanobind extension compiles (the CUDA kernels are not compiled a
