@@ -7,7 +7,8 @@
 #      KNOCKOUT in their commit message, compute wrong results on purpose);
 #   2. the dequantising formats' prompts and every format's verification
 #      shapes, with --check (each build's prefill kernel against its runs
-#      kernel, rel. L2 <= 2e-2, no NaN).
+#      kernel, rel. L2 <= 2e-2, no NaN);
+#   3. the runs kernel at q_len 2 and 4 over fp8 / NVFP4, with --check.
 # A group names builds by their .deps/ab directory; missing ones are left out.
 #
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
@@ -44,6 +45,9 @@ dq_builds=(main next_s14_prefill_two_producers next_s14_prefill_idle_consumer ne
 run_group dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
 run_group verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752 --check" \
   "${dq_builds[@]}"
+# The runs kernel at q_len 2 and 4 (two column tiles from q_len 3 at GQA 4).
+run_group runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
+1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main next_s15_runs_nvfp4_nt2_inflight
 
 # ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
 # beside the knockouts above (device_run.sh's PREFILL_NCU sections).
