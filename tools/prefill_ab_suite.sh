@@ -12,7 +12,8 @@
 # A group names builds by their .deps/ab directory; missing ones are left out.
 #
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
-#   SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh
+#   SUITE_PART=1: bf16 and ncu only, 2: the rest (all of it may not fit one
+#   10-minute call); SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -22,9 +23,11 @@ pick() {  # NAME... -> name=binary for the builds that are there
   local n
   for n in "$@"; do [ -f "$AB/$n/prefill_bench.xz" ] && echo "$n=$AB/$n/prefill_bench.xz"; done
 }
-run_group() {  # TITLE ARGS NAME...: the table in $OUT/ab_TITLE.txt, the logs in logs/TITLE
-  local title=$1 args=$2
-  shift 2
+part=${SUITE_PART:-all}
+run_group() {  # PART TITLE ARGS NAME...: the table in $OUT/ab_TITLE.txt, the logs in logs/TITLE
+  [ "$part" = all ] || [ "$part" = "$1" ] || return 0
+  local title=$2 args=$3
+  shift 3
   mapfile -t builds < <(pick "$@")
   { echo "== $title ($args)"
     PREFILL_AB_TESTS=0 PREFILL_AB_ARGS="$args" tools/prefill_ab.sh "$OUT/logs/$title" "${builds[@]}"; } 2>&1 |
@@ -36,22 +39,22 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_th
 bf16_builds=(main next_s15_prefill_uniform_consumer next_s14_prefill_bf16_n176 next_s15_prefill_exp2_fma
   next_s15_prefill_exp2_fma_half next_s15_prefill_verify_split_tiles
   next_s15_ko_no_loads next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_pv)
-run_group bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" "${bf16_builds[@]}"
-run_group bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main next_s15_prefill_uniform_consumer \
+run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" "${bf16_builds[@]}"
+run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main next_s15_prefill_uniform_consumer \
   next_s15_prefill_exp2_fma next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_loads
 
 dq_builds=(main next_s14_prefill_two_producers next_s14_prefill_idle_consumer next_s14_prefill_verify_combined
   next_s15_prefill_verify_split_tiles next_s15_prefill_verify_split_two_producers next_s15_prefill_uniform_consumer)
-run_group dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
-run_group verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752 --check" \
+run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
+run_group 2 verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752 --check" \
   "${dq_builds[@]}"
 # The runs kernel at q_len 2 and 4 (two column tiles from q_len 3 at GQA 4).
-run_group runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
+run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
 1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main next_s15_runs_nvfp4_nt2_inflight
 
 # ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
 # beside the knockouts above (device_run.sh's PREFILL_NCU sections).
-if [ "${SUITE_NCU:-1}" = 1 ]; then
+if [ "${SUITE_NCU:-1}" = 1 ] && [ "$part" != 2 ]; then
   base=${PREFILL_AB_BINS:-/tmp/prefill_ab_bins}/main
   [ -x "$base" ] || tools/unxz.sh "$AB/main/prefill_bench.xz" "$base"
   /usr/local/cuda/bin/ncu --clock-control none --graph-profiling node -k regex:paged_prefill_kernel -c 1 \
