@@ -44,7 +44,8 @@ run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main next_s15_
   next_s15_prefill_exp2_fma next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_loads
 
 dq_builds=(main next_s14_prefill_two_producers next_s14_prefill_idle_consumer next_s14_prefill_verify_combined
-  next_s15_prefill_verify_split_tiles next_s15_prefill_verify_split_two_producers next_s15_prefill_uniform_consumer)
+  next_s15_prefill_verify_split_tiles next_s15_prefill_verify_split_two_producers next_s15_prefill_uniform_consumer
+  next_s15_prefill_dequant_locate_ahead)
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
 run_group 2 verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752 --check" \
   "${dq_builds[@]}"
