@@ -37,11 +37,11 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_th
   --format=csv >"$OUT/gpu_state.txt" 2>&1
 
 bf16_builds=(main next_s15_prefill_uniform_consumer next_s14_prefill_bf16_n176 next_s15_prefill_exp2_fma
-  next_s15_prefill_exp2_fma_half next_s15_prefill_verify_split_tiles
+  next_s15_prefill_exp2_fma_half next_s15_prefill_tree_max next_s15_prefill_verify_split_tiles
   next_s15_ko_no_loads next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_pv)
 run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" "${bf16_builds[@]}"
 run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main next_s15_prefill_uniform_consumer \
-  next_s15_prefill_exp2_fma next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_loads
+  next_s15_prefill_exp2_fma next_s15_prefill_tree_max next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_loads
 
 dq_builds=(main next_s14_prefill_two_producers next_s14_prefill_idle_consumer next_s14_prefill_verify_combined
   next_s15_prefill_verify_split_tiles next_s15_prefill_verify_split_two_producers next_s15_prefill_uniform_consumer
