@@ -12,8 +12,9 @@
 # A group names builds by their .deps/ab directory; missing ones are left out.
 #
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
-#   SUITE_PART=1: bf16 and ncu only, 2: the rest (all of it may not fit one
-#   10-minute call); SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh
+#   SUITE_PART=1 (group 1), 2 (the dequantising prompts, the runs kernel and
+#   ncu), 3 (verification), or all: the whole suite may not fit one
+#   10-minute call; SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -47,7 +48,7 @@ dq_builds=(main next_s14_prefill_two_producers next_s14_prefill_idle_consumer ne
   next_s15_prefill_verify_split_tiles next_s15_prefill_verify_split_two_producers next_s15_prefill_uniform_consumer
   next_s15_prefill_dequant_locate_ahead)
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
-run_group 2 verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752 --check" \
+run_group 3 verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752 --check" \
   "${dq_builds[@]}"
 # The runs kernel at q_len 2 and 4 (two column tiles from q_len 3 at GQA 4).
 run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
@@ -55,7 +56,7 @@ run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check
 
 # ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
 # beside the knockouts above (device_run.sh's PREFILL_NCU sections).
-if [ "${SUITE_NCU:-1}" = 1 ] && [ "$part" != 2 ]; then
+if [ "${SUITE_NCU:-1}" = 1 ] && { [ "$part" = all ] || [ "$part" = 2 ]; }; then
   base=${PREFILL_AB_BINS:-/tmp/prefill_ab_bins}/main
   [ -x "$base" ] || tools/unxz.sh "$AB/main/prefill_bench.xz" "$base"
   /usr/local/cuda/bin/ncu --clock-control none --graph-profiling node -k regex:paged_prefill_kernel -c 1 \
