@@ -38,7 +38,7 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_th
   --format=csv >"$OUT/gpu_state.txt" 2>&1
 
 bf16_builds=(main next_s15_prefill_uniform_consumer next_s14_prefill_bf16_n176 next_s15_prefill_exp2_fma
-  next_s15_prefill_exp2_fma_half next_s15_prefill_tree_max next_s15_prefill_verify_split_tiles
+  next_s15_prefill_exp2_fma_half next_s15_prefill_tree_max next_s15_prefill_verify_split_tiles next_s15_prefill_combined
   next_s15_ko_no_loads next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_pv)
 run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" "${bf16_builds[@]}"
 run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main next_s15_prefill_uniform_consumer \
@@ -46,7 +46,7 @@ run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main next_s15_
 
 dq_builds=(main next_s14_prefill_two_producers next_s14_prefill_idle_consumer next_s14_prefill_verify_combined
   next_s15_prefill_verify_split_tiles next_s15_prefill_verify_split_two_producers next_s15_prefill_uniform_consumer
-  next_s15_prefill_dequant_locate_ahead)
+  next_s15_prefill_dequant_locate_ahead next_s15_prefill_combined)
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
 run_group 3 verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752 --check" \
   "${dq_builds[@]}"
