@@ -4,7 +4,8 @@
 # tools/prefill_ab.sh (rounds alternate the builds), then ncu of the base
 # build's bf16 kernel:
 #   1. bf16 prompt timing at d128 and d64 (no --check: the knockout builds,
-#      KNOCKOUT in their commit message, compute wrong results on purpose);
+#      KNOCKOUT in their commit message, compute wrong results on purpose),
+#      and the real bf16 variants once with --check;
 #   2. the dequantising formats' prompts and every format's verification
 #      shapes, with --check (each build's prefill kernel against its runs
 #      kernel, rel. L2 <= 2e-2, no NaN);
@@ -41,6 +42,10 @@ bf16_builds=(main next_s15_prefill_uniform_consumer next_s14_prefill_bf16_n176 n
   next_s15_prefill_exp2_fma_half next_s15_prefill_tree_max next_s15_prefill_verify_split_tiles next_s15_prefill_combined
   next_s15_ko_no_loads next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_pv)
 run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" "${bf16_builds[@]}"
+# The real bf16 variants' results, once (--check: against the runs kernel).
+ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,2048+30720 --check" \
+  main next_s15_prefill_uniform_consumer next_s14_prefill_bf16_n176 next_s15_prefill_exp2_fma \
+  next_s15_prefill_exp2_fma_half next_s15_prefill_tree_max next_s15_prefill_combined
 run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main next_s15_prefill_uniform_consumer \
   next_s15_prefill_exp2_fma next_s15_prefill_tree_max next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_loads
 
