@@ -57,7 +57,8 @@ run_group 3 verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x
   "${dq_builds[@]}"
 # The runs kernel at q_len 2 and 4 (two column tiles from q_len 3 at GQA 4).
 run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
-1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main next_s15_runs_nvfp4_nt2_inflight
+1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main next_s15_runs_nvfp4_nt2_inflight \
+  next_s15_runs_nvfp4_q_shared
 
 # ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
 # beside the knockouts above (device_run.sh's PREFILL_NCU sections).
