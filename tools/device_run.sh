@@ -15,7 +15,7 @@
 #   QLEN_T1=0 leaves out the one-column-tile rows); PREFILL_BENCH=1 the prefill table (issue 18:
 #   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS_ARGS to bench/prefill_peers.py,
 #   PREFILL_PEERS=0 skips the peers);
-#   PREFILL_NCU=1 profiles one prefill kernel with ncu (per-instruction stalls: tools/ncu_sass_stalls.py);
+#   PREFILL_NCU=1 profiles one prefill kernel with ncu (tools/prefill_ncu.sh; stalls: tools/ncu_sass_stalls.py);
 #   PREFILL_AB=1 tests and times the prefill variants carried in .deps/ab (tools/prefill_ab.sh);
 #   TESTS=0 skips the build and the test binaries (e.g. TESTS=0 PYTEST=0 BENCH=0 PREFILL_AB=1)
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
@@ -153,17 +153,8 @@ fi
 # ncu of one prefill kernel (PREFILL_NCU=1; PREFILL_NCU_ARGS to prefill_bench,
 # default bf16 at 8192 tokens): throughput, warp stalls, instruction mix.
 if [ "${PREFILL_NCU:-0}" = 1 ]; then
-  /usr/local/cuda/bin/ncu --graph-profiling node -k regex:paged_prefill_kernel -c 1 --section SpeedOfLight \
-    --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
-    --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters -f -o "$OUT/prefill_ncu" \
-    "$BUILD/bench/prefill_bench" ${PREFILL_NCU_ARGS:---formats bf16 --shapes 8192} >"$OUT/prefill_ncu.log" 2>&1
+  tools/prefill_ncu.sh "$BUILD/bench/prefill_bench" "$OUT" ${PREFILL_NCU_ARGS:-}
   summary+=("$(printf '%-24s rc %d' "prefill ncu" $?)")
-  /usr/local/cuda/bin/ncu -i "$OUT/prefill_ncu.ncu-rep" --page details >"$OUT/prefill_ncu.txt" 2>&1
-  # Per SASS instruction: executions and warp-stall samples by reason.
-  /usr/local/cuda/bin/ncu -i "$OUT/prefill_ncu.ncu-rep" --page source --csv --print-source sass \
-    >"$OUT/prefill_ncu_sass.csv" 2>&1
-  gzip -f "$OUT/prefill_ncu_sass.csv"
-  rm -f "$OUT/prefill_ncu.ncu-rep"
 fi
 # Context-parallel scaling where the machine has several GPUs.
 if [ "${CP_BENCH:-0}" = 1 ] && [ -x "$BUILD/bench/cp_bench" ]; then

@@ -61,20 +61,13 @@ run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check
   next_s15_runs_nvfp4_q_shared
 
 # ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
-# beside the knockouts above (device_run.sh's PREFILL_NCU sections).
+# beside the knockouts above.
 if [ "${SUITE_NCU:-1}" = 1 ] && { [ "$part" = all ] || [ "$part" = 2 ]; }; then
   base=${PREFILL_AB_BINS:-/tmp/prefill_ab_bins}/main
   [ -x "$base" ] || tools/unxz.sh "$AB/main/prefill_bench.xz" "$base"
-  /usr/local/cuda/bin/ncu --clock-control none --graph-profiling node -k regex:paged_prefill_kernel -c 1 \
-    --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
-    --section SchedulerStats --section SourceCounters -f -o "$OUT/prefill_ncu" \
-    "$base" --formats bf16 --head-dim 128 --shapes 8192 >"$OUT/prefill_ncu.log" 2>&1
+  tools/prefill_ncu.sh "$base" "$OUT" --formats bf16 --head-dim 128 --shapes 8192
   echo "ncu rc $?"
-  /usr/local/cuda/bin/ncu -i "$OUT/prefill_ncu.ncu-rep" --page details >"$OUT/prefill_ncu.txt" 2>&1
-  /usr/local/cuda/bin/ncu -i "$OUT/prefill_ncu.ncu-rep" --page source --csv --print-source sass \
-    >"$OUT/logs/prefill_ncu_sass.csv" 2>&1
-  mv "$OUT/prefill_ncu.log" "$OUT/logs/"
-  rm -f "$OUT/prefill_ncu.ncu-rep"
+  mv "$OUT/prefill_ncu.log" "$OUT/prefill_ncu_sass.csv.gz" "$OUT/logs/"
 fi
 # The device tool returns few files: the tables as they are, the logs (and
 # ncu's per-instruction CSV, for tools/ncu_sass_stalls.py) in one archive.

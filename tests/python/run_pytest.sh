@@ -63,15 +63,16 @@ fi
 # first, without downloading the wheels), with pip's downloads kept in the
 # build tree so that one free-space check covers them.
 torch_peak_gb=8
+free_gb() { df -Pk "$build" | awk 'NR == 2 { printf "%d", $4 / 1048576 }'; }  # whole GB free under the build tree
 install_torch() {
-  local report=$build/pyenv-torch-report.json tmp=$build/pyenv-pip-tmp free_gb
-  free_gb=$(df -Pk "$build" | awk 'NR == 2 { printf "%d", $4 / 1048576 }')
-  if [ "$free_gb" -lt "$torch_peak_gb" ]; then
-    log "SKIPPING the torch tests: $free_gb GB free under $build, and torch +" \
+  local report=$build/pyenv-torch-report.json tmp=$build/pyenv-pip-tmp gb
+  gb=$(free_gb)
+  if [ "$gb" -lt "$torch_peak_gb" ]; then
+    log "SKIPPING the torch tests: $gb GB free under $build, and torch +" \
         "transformers take about $torch_peak_gb GB to install"
     return 0
   fi
-  log "installing torch and transformers 5.x (first run only; $free_gb GB free)"
+  log "installing torch and transformers 5.x (first run only; $gb GB free)"
   mkdir -p "$tmp"
   TMPDIR=$tmp "${pip[@]}" install --dry-run --report "$report" torch "transformers>=5,<6"
   local -a pins
@@ -84,8 +85,8 @@ for item in json.load(open(sys.argv[1]))["install"]:
     if ! TMPDIR=$tmp "${pip[@]}" install --no-deps --no-cache-dir "$pin"; then
       # A half-installed torch fails at import with an OSError, which
       # pytest.importorskip does not skip: take back what was installed.
-      log "SKIPPING the torch tests: installing $pin failed ($(df -Pk "$build" |
-        awk 'NR == 2 { printf "%.1f", $4 / 1048576 }') GB free now); removing the ${#done_pins[@]} packages installed before it"
+      log "SKIPPING the torch tests: installing $pin failed ($(free_gb) GB free now);" \
+          "removing the ${#done_pins[@]} packages installed before it"
       [ ${#done_pins[@]} -eq 0 ] || "${pip[@]}" uninstall -y "${done_pins[@]%%==*}" || true
       break
     fi
