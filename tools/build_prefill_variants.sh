@@ -1,27 +1,41 @@
 #!/usr/bin/env bash
-# Builds prefill_bench and test_gpu_attn at each named branch (or commit) in
-# the build tree `build/` (incremental: what differs recompiles), strips
-# them and stores them xz-compressed (about 1.7 MB each, against 14 MB) in
-# .deps/ab/<name>/, for tools/prefill_ab.sh on the GPU machine (carry
-# ".deps/ab"). Returns to the branch it started on.
+# Builds prefill_bench and test_gpu_attn for main (the tree as committed)
+# and for each variant patch (bench/variants/*.patch, applied to it) in the
+# build tree `build/` (incremental: what a patch touches recompiles),
+# strips them and stores them xz-compressed (about 1.7 MB each, against
+# 14 MB) in .deps/ab/<name>/, for tools/prefill_ab.sh on the GPU machine
+# (carry ".deps/ab"). A knockout (a name starting with ko-: timing only,
+# wrong results) gets no test binary. Leaves the tree as it found it.
 #
-#   tools/build_prefill_variants.sh BRANCH [BRANCH ...]
+#   tools/build_prefill_variants.sh main bench/variants/NAME.patch ...
+# Variants are patches, not branches: only what is on main reaches the
+# next session (session 14's 18 branches did not).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-[ -z "$(git status --porcelain --untracked-files=no)" ] || { echo "commit or stash first" >&2; exit 1; }
-start=$(git rev-parse --abbrev-ref HEAD)
-trap 'git checkout -q "$start"' EXIT
-for b in "$@"; do
-  git checkout -q "$b"
-  touch src/kernels/prefill/*.cu src/kernels/decode/decode.cu  # ninja's timestamps after a checkout
-  ninja -C build bench/prefill_bench tests/test_gpu_attn >/dev/null
-  name=$(echo "$b" | tr -c 'A-Za-z0-9_\n' '_')  # a shell name: PREFILL_AB_ARGS_<name>
-  mkdir -p ".deps/ab/$name"
-  for bin in build/bench/prefill_bench build/tests/test_gpu_attn; do
-    strip -o ".deps/ab/$name/$(basename "$bin")" "$bin"
-    xz -9 -f ".deps/ab/$name/$(basename "$bin")"
+[ -z "$(git status --porcelain --untracked-files=no -- src include)" ] || { echo "src/ or include/ has changes: commit or stash first" >&2; exit 1; }
+applied=""
+trap '[ -z "$applied" ] || git apply -R "$applied"' EXIT
+for v in "$@"; do
+  if [ "$v" = main ]; then
+    name=main
+  else
+    name=$(basename "$v" .patch)
+    git apply "$v"
+    applied=$v
+  fi
+  touch src/kernels/prefill/*.cu src/kernels/decode/decode.cu  # what a patch's headers reach
+  bins=(build/bench/prefill_bench)
+  case $name in ko-*) ;; *) bins+=(build/tests/test_gpu_attn) ;; esac
+  ninja -C build "${bins[@]#build/}" >/dev/null
+  dir=".deps/ab/$(echo "$name" | tr -c 'A-Za-z0-9_\n' '_')"  # a shell name: PREFILL_AB_ARGS_<name>
+  rm -rf "$dir" && mkdir -p "$dir"
+  for bin in "${bins[@]}"; do
+    strip -o "$dir/$(basename "$bin")" "$bin"
+    xz -9 -f "$dir/$(basename "$bin")"
   done
-  git rev-parse HEAD >".deps/ab/$name/commit"
-  echo "$b ($(git rev-parse --short HEAD)) -> .deps/ab/$name/"
+  { git rev-parse HEAD; [ "$v" = main ] || sha256sum "$v"; } >"$dir/source"
+  if [ -n "$applied" ]; then git apply -R "$applied"; applied=""; fi
+  echo "$v -> $dir/"
 done
+touch src/kernels/prefill/*.cu src/kernels/decode/decode.cu  # build/ is main's again at the next ninja
 du -sh .deps/ab

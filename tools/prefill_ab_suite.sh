@@ -38,27 +38,23 @@ run_group() {  # PART TITLE ARGS NAME...: the table in $OUT/ab_TITLE.txt, the lo
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
   --format=csv >"$OUT/gpu_state.txt" 2>&1
 
-bf16_builds=(main next_s15_prefill_uniform_consumer next_s14_prefill_bf16_n176 next_s15_prefill_exp2_fma
-  next_s15_prefill_exp2_fma_half next_s15_prefill_tree_max next_s15_prefill_verify_split_tiles next_s15_prefill_combined
-  next_s15_ko_no_loads next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_pv)
-run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" "${bf16_builds[@]}"
+# Names are .deps/ab directories: main and bench/variants/<name>.patch with
+# '-' as '_' (tools/build_prefill_variants.sh); ko_* are the knockouts.
+bf16_real=(main uniform_consumer turn_after_qk one_warp_tma_producer tree_max exp2_fma)
+run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" \
+  "${bf16_real[@]}" ko_no_loads ko_no_softmax ko_no_exp ko_no_pv
 # The real bf16 variants' results, once (--check: against the runs kernel).
-ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,2048+30720 --check" \
-  main next_s15_prefill_uniform_consumer next_s14_prefill_bf16_n176 next_s15_prefill_exp2_fma \
-  next_s15_prefill_exp2_fma_half next_s15_prefill_tree_max next_s15_prefill_combined
-run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main next_s15_prefill_uniform_consumer \
-  next_s15_prefill_exp2_fma next_s15_prefill_tree_max next_s15_ko_no_softmax next_s15_ko_no_exp next_s15_ko_no_loads
+ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,2048+30720 --check" "${bf16_real[@]}"
+run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main uniform_consumer turn_after_qk exp2_fma \
+  ko_no_softmax ko_no_exp ko_no_loads
 
-dq_builds=(main next_s14_prefill_two_producers next_s14_prefill_idle_consumer next_s14_prefill_verify_combined
-  next_s15_prefill_verify_split_tiles next_s15_prefill_verify_split_two_producers next_s15_prefill_uniform_consumer
-  next_s15_prefill_dequant_locate_ahead next_s15_prefill_combined)
+dq_builds=(main solo_consumer solo_dequant_pair uniform_consumer turn_after_qk)
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
-run_group 3 verify "--head-dim 128 --prefill on --shapes 1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752 --check" \
-  "${dq_builds[@]}"
-# The runs kernel at q_len 2 and 4 (two column tiles from q_len 3 at GQA 4).
-run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
-1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main next_s15_runs_nvfp4_nt2_inflight \
-  next_s15_runs_nvfp4_q_shared
+# Verification on the prefill kernel (--prefill on; the runs kernel's times
+# are main's --prefill off rows): q_len 2-16 at GQA 4, every format.
+verify_shapes=1x2+32766,1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752
+run_group 3 verify "--head-dim 128 --prefill on --shapes $verify_shapes --check" "${dq_builds[@]}"
+ROUNDS=1 run_group 3 verify_runs_kernel "--head-dim 128 --prefill off --shapes $verify_shapes --check" main
 
 # ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
 # beside the knockouts above.

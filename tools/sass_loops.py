@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The loops of a kernel's SASS and what they hold: a static check of a
+kernel change before it costs device time (instruction counts per loop,
+by opcode; a second SASS file gives the difference).
+
+    cuobjdump -sass prefill_bf16.cubin > a.sass   (cuobjdump needs nvdisasm on PATH;
+    both install from PyPI: nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)
+    tools/sass_loops.py a.sass --function 'Bf16FormatELi128' [--with HGMMA] [--compare b.sass]
+
+A loop is the span from a backward branch's target to the branch. With
+--with OPCODE only the loops holding that opcode are shown (HGMMA: the
+prefill kernel's tile loops), innermost first; --top N opcodes per loop.
+"""
+import argparse
+import collections
+import re
+import sys
+
+LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+BRANCH = re.compile(r"\bBRA\b(?:\.\S+)?\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")
+
+
+def functions(path):
+    """{mangled name: [(address, instruction text)]} of a cuobjdump -sass file."""
+    out, name = {}, None
+    labels = {}
+    for raw in open(path):
+        if "Function :" in raw:
+            name = raw.split("Function :", 1)[1].strip()
+            out[name] = []
+            continue
+        if name is None:
+            continue
+        lab = re.match(r"\s*\.(L_x_\d+):", raw)
+        if lab:
+            labels[(name, lab.group(1))] = None
+            continue
+        m = LINE.search(raw)
+        if m:
+            out[name].append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def opcode(text):
+    t = re.sub(r"^@!?U?P\w+\s+", "", text)
+    return t.split()[0] if t.split() else ""
+
+
+def loops(insts):
+    """[(start address, end address)] of the backward branches, innermost first."""
+    found = []
+    for addr, text in insts:
+        m = BRANCH.search(text)
+        if m and m.group(1):
+            target = int(m.group(1), 16)
+            if target <= addr:
+                found.append((target, addr))
+    return sorted(set(found), key=lambda se: se[1] - se[0])
+
+
+def histogram(insts, span):
+    s, e = span
+    return collections.Counter(opcode(t) for a, t in insts if s <= a <= e)
+
+
+def pick(funcs, pattern):
+    names = [n for n in funcs if re.search(pattern, n)]
+    if len(names) != 1:
+        sys.exit(f"--function {pattern!r} matches {len(names)} functions: {names or list(funcs)}")
+    return funcs[names[0]]
+
+
+def family(op):
+    return op.split(".")[0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sass")
+    ap.add_argument("--function", required=True, help="a regex matching one function's mangled name")
+    ap.add_argument("--with", dest="with_op", default="", help="only loops holding this opcode family")
+    ap.add_argument("--compare", help="a second SASS file: the difference per opcode family, loop by loop")
+    ap.add_argument("--top", type=int, default=14)
+    a = ap.parse_args()
+    sets = [("", pick(functions(a.sass), a.function))]
+    if a.compare:
+        sets.append(("compare ", pick(functions(a.compare), a.function)))
+    found = []
+    for label, insts in sets:
+        sel = [sp for sp in loops(insts)
+               if not a.with_op or any(family(op) == a.with_op for op in histogram(insts, sp))]
+        found.append(sel)
+        print(f"{label}{a.sass if not label else a.compare}: {len(insts)} instructions, "
+              f"{len(sel)} loops{' with ' + a.with_op if a.with_op else ''}")
+        for sp in sel:
+            h = histogram(insts, sp)
+            fam = collections.Counter()
+            for op, n in h.items():
+                fam[family(op)] += n
+            top = ", ".join(f"{op} {n}" for op, n in fam.most_common(a.top))
+            print(f"  loop {sp[0]:#06x}-{sp[1]:#06x}: {sum(h.values())} instructions: {top}")
+    if a.compare and found[0] and found[1]:
+        for i, (sa, sb) in enumerate(zip(found[0], found[1])):
+            fa, fb = collections.Counter(), collections.Counter()
+            for op, n in histogram(sets[0][1], sa).items():
+                fa[family(op)] += n
+            for op, n in histogram(sets[1][1], sb).items():
+                fb[family(op)] += n
+            diff = {op: fb[op] - fa[op] for op in set(fa) | set(fb) if fb[op] != fa[op]}
+            print(f"loop {i}: {sum(fa.values())} -> {sum(fb.values())}: " +
+                  ", ".join(f"{op} {d:+d}" for op, d in sorted(diff.items(), key=lambda kv: -abs(kv[1]))))
+
+
+if __name__ == "__main__":
+    main()
