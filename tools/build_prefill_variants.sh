@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds prefill_bench and test_gpu_attn for main (the tree as committed)
 # and for each variant patch (bench/variants/*.patch, applied to it) in the
-# build tree `build/` (incremental: what a patch touches recompiles),
+# build tree `build/` (incremental: git apply, and apply -R after it, give
+# the patched files new times, so ninja recompiles what they reach),
 # strips them and stores them xz-compressed (about 1.7 MB each, against
 # 14 MB) in .deps/ab/<name>/, for tools/prefill_ab.sh on the GPU machine
 # (carry ".deps/ab"). A knockout (a name starting with ko-: timing only,
@@ -23,7 +24,6 @@ for v in "$@"; do
     git apply "$v"
     applied=$v
   fi
-  touch src/kernels/prefill/*.cu src/kernels/decode/decode.cu  # what a patch's headers reach
   bins=(build/bench/prefill_bench)
   case $name in ko-*) ;; *) bins+=(build/tests/test_gpu_attn) ;; esac
   ninja -C build "${bins[@]#build/}" >/dev/null
@@ -37,5 +37,4 @@ for v in "$@"; do
   if [ -n "$applied" ]; then git apply -R "$applied"; applied=""; fi
   echo "$v -> $dir/"
 done
-touch src/kernels/prefill/*.cu src/kernels/decode/decode.cu  # build/ is main's again at the next ninja
 du -sh .deps/ab

@@ -4,12 +4,13 @@
 # tools/prefill_ab.sh (rounds alternate the builds), then ncu of the base
 # build's bf16 kernel:
 #   1. bf16 prompt timing at d128 and d64 (no --check: the knockout builds,
-#      KNOCKOUT in their commit message, compute wrong results on purpose),
+#      ko_*, compute wrong results on purpose),
 #      and the real bf16 variants once with --check;
 #   2. the dequantising formats' prompts and every format's verification
 #      shapes, with --check (each build's prefill kernel against its runs
 #      kernel, rel. L2 <= 2e-2, no NaN);
-#   3. the runs kernel at q_len 2 and 4 over fp8 / NVFP4, with --check.
+#   3. the runs kernel at q_len 2 and 4 over fp8 / NVFP4, with --check
+#      (part 2), and the verification shapes on both kernels (part 3).
 # A group names builds by their .deps/ab directory; missing ones are left out.
 #
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
@@ -55,6 +56,9 @@ run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,20
 verify_shapes=1x2+32766,1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752
 run_group 3 verify "--head-dim 128 --prefill on --shapes $verify_shapes --check" "${dq_builds[@]}"
 ROUNDS=1 run_group 3 verify_runs_kernel "--head-dim 128 --prefill off --shapes $verify_shapes --check" main
+# The runs kernel at q_len 2 and 4 (two column tiles from q_len 3 at GQA 4).
+run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
+1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main runs_nvfp4_nt2_inflight
 
 # ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
 # beside the knockouts above.
