@@ -41,7 +41,7 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_th
 
 # Names are .deps/ab directories: main and bench/variants/<name>.patch with
 # '-' as '_' (tools/build_prefill_variants.sh); ko_* are the knockouts.
-bf16_real=(main uniform_consumer turn_after_qk one_warp_tma_producer tree_max exp2_fma)
+bf16_real=(main uniform_consumer turn_after_qk one_warp_tma_producer tree_max exp2_fma bf16_n176)
 run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" \
   "${bf16_real[@]}" ko_no_loads ko_no_softmax ko_no_exp ko_no_pv
 # The real bf16 variants' results, once (--check: against the runs kernel).
