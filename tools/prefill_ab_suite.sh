@@ -49,7 +49,7 @@ ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,204
 run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main uniform_consumer turn_after_qk exp2_fma \
   ko_no_softmax ko_no_exp ko_no_loads
 
-dq_builds=(main solo_consumer solo_dequant_pair uniform_consumer turn_after_qk)
+dq_builds=(main solo_consumer solo_dequant_pair dequant_locate_ahead uniform_consumer turn_after_qk)
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
 # Verification on the prefill kernel (--prefill on; the runs kernel's times
 # are main's --prefill off rows): q_len 2-16 at GQA 4, every format.
