@@ -4,13 +4,13 @@
 # tools/prefill_ab.sh (rounds alternate the builds), then ncu of the base
 # build's bf16 kernel:
 #   1. bf16 prompt timing at d128 and d64 (no --check: the knockout builds,
-#      ko_*, compute wrong results on purpose),
-#      and the real bf16 variants once with --check;
-#   2. the dequantising formats' prompts and every format's verification
-#      shapes, with --check (each build's prefill kernel against its runs
-#      kernel, rel. L2 <= 2e-2, no NaN);
-#   3. the runs kernel at q_len 2 and 4 over fp8 / NVFP4, with --check
-#      (part 2), and the verification shapes on both kernels (part 3).
+#      ko_*, compute wrong results on purpose), and the real bf16 variants
+#      once with --check;
+#   2. the dequantising formats' prompts with --check (each build's prefill
+#      kernel against its runs kernel, rel. L2 <= 2e-2, no NaN), the runs
+#      kernel at q_len 2 and 4 over fp8 / NVFP4, and ncu of main's bf16;
+#   3. the verification shapes (q_len 2-16) of every format on the prefill
+#      kernel of each build, and on main's runs kernel, with --check.
 # A group names builds by their .deps/ab directory; missing ones are left out.
 #
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The static check of prefill variants (bench/variants/*.patch) before they
 # cost device time: for main and each patch applied to it, every prefill
-# instantiation's registers and spills (ptxas -v), and the instruction
+# instantiation's stack and spills (ptxas -v), and the instruction
 # counts of one instantiation's tile loop (LOOP_FN, default bf16 head_dim
 # 128) beside main's
 # (tools/sass_loops.py). Needs cuobjdump and nvdisasm on PATH (PyPI:
