@@ -17,23 +17,18 @@ import re
 import sys
 
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-BRANCH = re.compile(r"\bBRA\b(?:\.\S+)?\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")
+BRANCH = re.compile(r"\bBRA\b(?:\.\S+)?\s+(?:\w+,\s*)?0x([0-9a-f]+)")
 
 
 def functions(path):
     """{mangled name: [(address, instruction text)]} of a cuobjdump -sass file."""
     out, name = {}, None
-    labels = {}
     for raw in open(path):
         if "Function :" in raw:
             name = raw.split("Function :", 1)[1].strip()
             out[name] = []
             continue
         if name is None:
-            continue
-        lab = re.match(r"\s*\.(L_x_\d+):", raw)
-        if lab:
-            labels[(name, lab.group(1))] = None
             continue
         m = LINE.search(raw)
         if m:
@@ -51,7 +46,7 @@ def loops(insts):
     found = []
     for addr, text in insts:
         m = BRANCH.search(text)
-        if m and m.group(1):
+        if m:
             target = int(m.group(1), 16)
             if target <= addr:
                 found.append((target, addr))
