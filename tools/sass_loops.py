@@ -36,9 +36,10 @@ def functions(path):
     return out
 
 
-def opcode(text):
-    t = re.sub(r"^@!?U?P\w+\s+", "", text)
-    return t.split()[0] if t.split() else ""
+def family(text):
+    """An instruction's opcode without its predicate and modifiers (HGMMA, MUFU, ...)."""
+    t = re.sub(r"^@!?U?P\w+\s+", "", text).split()
+    return t[0].split(".")[0] if t else ""
 
 
 def loops(insts):
@@ -54,8 +55,9 @@ def loops(insts):
 
 
 def histogram(insts, span):
+    """Instructions per opcode family inside span."""
     s, e = span
-    return collections.Counter(opcode(t) for a, t in insts if s <= a <= e)
+    return collections.Counter(family(t) for a, t in insts if s <= a <= e)
 
 
 def pick(funcs, pattern):
@@ -63,10 +65,6 @@ def pick(funcs, pattern):
     if len(names) != 1:
         sys.exit(f"--function {pattern!r} matches {len(names)} functions: {names or list(funcs)}")
     return funcs[names[0]]
-
-
-def family(op):
-    return op.split(".")[0]
 
 
 def main():
@@ -77,30 +75,18 @@ def main():
     ap.add_argument("--compare", help="a second SASS file: the difference per opcode family, loop by loop")
     ap.add_argument("--top", type=int, default=14)
     a = ap.parse_args()
-    sets = [("", pick(functions(a.sass), a.function))]
-    if a.compare:
-        sets.append(("compare ", pick(functions(a.compare), a.function)))
     found = []
-    for label, insts in sets:
-        sel = [sp for sp in loops(insts)
-               if not a.with_op or any(family(op) == a.with_op for op in histogram(insts, sp))]
-        found.append(sel)
-        print(f"{label}{a.sass if not label else a.compare}: {len(insts)} instructions, "
-              f"{len(sel)} loops{' with ' + a.with_op if a.with_op else ''}")
-        for sp in sel:
-            h = histogram(insts, sp)
-            fam = collections.Counter()
-            for op, n in h.items():
-                fam[family(op)] += n
-            top = ", ".join(f"{op} {n}" for op, n in fam.most_common(a.top))
+    for path in [a.sass] + ([a.compare] if a.compare else []):
+        insts = pick(functions(path), a.function)
+        spans = [(sp, histogram(insts, sp)) for sp in loops(insts)]
+        sel = [(sp, h) for sp, h in spans if not a.with_op or h[a.with_op]]
+        found.append([h for _, h in sel])
+        print(f"{path}: {len(insts)} instructions, {len(sel)} loops{' with ' + a.with_op if a.with_op else ''}")
+        for sp, h in sel:
+            top = ", ".join(f"{op} {n}" for op, n in h.most_common(a.top))
             print(f"  loop {sp[0]:#06x}-{sp[1]:#06x}: {sum(h.values())} instructions: {top}")
-    if a.compare and found[0] and found[1]:
-        for i, (sa, sb) in enumerate(zip(found[0], found[1])):
-            fa, fb = collections.Counter(), collections.Counter()
-            for op, n in histogram(sets[0][1], sa).items():
-                fa[family(op)] += n
-            for op, n in histogram(sets[1][1], sb).items():
-                fb[family(op)] += n
+    if a.compare:
+        for i, (fa, fb) in enumerate(zip(found[0], found[1])):
             diff = {op: fb[op] - fa[op] for op in set(fa) | set(fb) if fb[op] != fa[op]}
             print(f"loop {i}: {sum(fa.values())} -> {sum(fb.values())}: " +
                   ", ".join(f"{op} {d:+d}" for op, d in sorted(diff.items(), key=lambda kv: -abs(kv[1]))))
