@@ -15,8 +15,8 @@
 #
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
 #   SUITE_PART=1 (group 1), 2 (the dequantising prompts, the runs kernel and
-#   ncu), 3 (verification), or all: the whole suite may not fit one
-#   10-minute call; SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh
+#   ncu), 3 (verification), a list ("3 1 2": the groups run in the order 3, 1, 2), or all: the
+#   whole suite may not fit one 10-minute call; SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -27,8 +27,9 @@ pick() {  # NAME... -> name=binary for the builds that are there
   for n in "$@"; do [ -f "$AB/$n/prefill_bench.xz" ] && echo "$n=$AB/$n/prefill_bench.xz"; done
 }
 part=${SUITE_PART:-all}
+wants() { [ "$part" = all ] || [[ " $part " == *" $1 "* ]]; }
 run_group() {  # PART TITLE ARGS NAME...: the table in $OUT/ab_TITLE.txt, the logs in logs/TITLE
-  [ "$part" = all ] || [ "$part" = "$1" ] || return 0
+  wants "$1" || return 0
   local title=$2 args=$3
   shift 3
   mapfile -t builds < <(pick "$@")
@@ -37,7 +38,15 @@ run_group() {  # PART TITLE ARGS NAME...: the table in $OUT/ab_TITLE.txt, the lo
     tee "$OUT/ab_$title.txt"
 }
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-  --format=csv >"$OUT/gpu_state.txt" 2>&1
+  --format=csv >"$OUT/logs/gpu_state.txt" 2>&1
+
+# Part 3 first: the verification shapes are issue 17's misses.
+dq_builds=(main solo_consumer solo_dequant_pair dequant_locate_ahead uniform_consumer turn_after_qk)
+# Verification on the prefill kernel (--prefill on; the runs kernel's times
+# are main's --prefill off rows): q_len 2-16 at GQA 4, every format.
+verify_shapes=1x2+32766,1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752
+run_group 3 verify "--head-dim 128 --prefill on --shapes $verify_shapes --check" "${dq_builds[@]}"
+ROUNDS=1 run_group 3 verify_runs_kernel "--head-dim 128 --prefill off --shapes $verify_shapes --check" main
 
 # Names are .deps/ab directories: main and bench/variants/<name>.patch with
 # '-' as '_' (tools/build_prefill_variants.sh); ko_* are the knockouts.
@@ -49,20 +58,14 @@ ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,204
 run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main uniform_consumer turn_after_qk exp2_fma \
   ko_no_softmax ko_no_exp ko_no_loads
 
-dq_builds=(main solo_consumer solo_dequant_pair dequant_locate_ahead uniform_consumer turn_after_qk)
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
-# Verification on the prefill kernel (--prefill on; the runs kernel's times
-# are main's --prefill off rows): q_len 2-16 at GQA 4, every format.
-verify_shapes=1x2+32766,1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752
-run_group 3 verify "--head-dim 128 --prefill on --shapes $verify_shapes --check" "${dq_builds[@]}"
-ROUNDS=1 run_group 3 verify_runs_kernel "--head-dim 128 --prefill off --shapes $verify_shapes --check" main
 # The runs kernel at q_len 2 and 4 (two column tiles from q_len 3 at GQA 4).
 run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
 1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main runs_nvfp4_nt2_inflight
 
 # ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
 # beside the knockouts above.
-if [ "${SUITE_NCU:-1}" = 1 ] && { [ "$part" = all ] || [ "$part" = 2 ]; }; then
+if [ "${SUITE_NCU:-1}" = 1 ] && wants 2; then
   base=${PREFILL_AB_BINS:-/tmp/prefill_ab_bins}/main
   [ -x "$base" ] || tools/unxz.sh "$AB/main/prefill_bench.xz" "$base"
   tools/prefill_ncu.sh "$base" "$OUT" --formats bf16 --head-dim 128 --shapes 8192
