@@ -5,7 +5,7 @@ shared memory or registers). The operand lists of 32-128 accumulators are
 generated, not typed; run it again after changing the list below."""
 import pathlib
 
-SHAPES = [64, 128, 256]
+SHAPES = [64, 128, 176, 256]  # 176: bf16 head_dim 128's tile of positions (N of S = Q K^T)
 TYPES = [("Bf16Op", "bf16"), ("F16Op", "f16")]
 
 out = []

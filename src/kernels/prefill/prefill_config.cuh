@@ -22,24 +22,31 @@ struct PrefillConfig {
   static_assert(kRows == 64 * kConsumers, "64 rows per consumer warpgroup");
   static constexpr int kThreads = 128 * (kConsumers + 1);
   // kv tokens per tile: the N of S = Q K^T, the K of O += P V. head_dim 256
-  // halves it to keep O (128 registers) and S in a consumer's budget.
-  static constexpr int kTileTokens = D <= 128 ? 128 : 64;
+  // halves it to keep O (128 registers) and S in a consumer's budget; bf16
+  // at head_dim 128 takes 176 (FlashAttention 3's N there), which spreads
+  // a step's fixed work (barriers, turns, waits, shuffles) over 1.375 times
+  // the positions, in two stages (S 88 + O 64 + P 44 registers).
+  static constexpr bool kWideTile = Fmt::kBits == 16 && D == 128;
+  static constexpr int kTileTokens = kWideTile ? 176 : (D <= 128 ? 128 : 64);
   // kOverlap (head_dim <= 128): a consumer issues tile t's PV with tile
   // t + 1's QK and holds two stages at once, so the ring has three. It
   // holds O, S and one P fragment tile (160 registers at head_dim 128). At
   // head_dim 256 O alone is 128 registers: MMAs and softmax run in turn
   // with two stages. The dequantising formats keep a producer of 96
   // registers (the raw codes of a tile's K and of the tile before's V in
-  // flight at once: with fewer, in passes, it was latency-bound).
+  // flight at once: with fewer, in passes, it was latency-bound), 104 with
+  // the next K row located ahead (all of the CTA's 168 x 384 registers).
   static constexpr bool kOverlap = D <= 128;
-  static constexpr int kStages = kOverlap ? 3 : 2;
+  // (Two stages serve the overlap too: K and V have barriers of their own,
+  // so K of t + 1 fills the slot of K of t - 1 while V of t - 1 is read.)
+  static constexpr int kStages = kOverlap && !kWideTile ? 3 : 2;
   // Register budgets (setmaxnreg) move registers between the warpgroups of
   // the CTA's own allocation (launch bounds of kThreads: 168 per thread,
   // ptxas), so they must fit in it: an increase that does not fit waits forever.
   // At head_dim 256 the dequantising producer fetches V only after storing K
   // (kFetchSplit), for the consumers' 128 O accumulators.
   static constexpr bool kFetchSplit = D == 256;
-  static constexpr int kProducerRegs = Fmt::kBits == 16 ? 40 : (kFetchSplit ? (Fmt::kBits == 8 ? 64 : 56) : 96);
+  static constexpr int kProducerRegs = Fmt::kBits == 16 ? 40 : (kFetchSplit ? (Fmt::kBits == 8 ? 64 : 56) : 104);
   static constexpr int kConsumerRegs = Fmt::kBits == 16 ? 232 : (kFetchSplit ? (Fmt::kBits == 8 ? 216 : 224) : 200);
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kLaunchRegs * kThreads, "the CTA's registers");

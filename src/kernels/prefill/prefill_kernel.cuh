@@ -87,6 +87,11 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   if (row_hi <= 0) return;
   const int32_t row_lo = row_hi - kM;           // negative in a run's partial first tile
   const int32_t first_row = max(row_lo, 0);
+  // A tile of at most 64 rows (verification, a run's partial first tile)
+  // has none in consumer 0's half: consumer 0 leaves at once, and consumer
+  // 1 takes every tile alone, without turns, and alone gives the stages back.
+  const bool solo = row_lo + 64 <= 0;
+  const bool pair = solo && !Loader::kTma;  // then two dequantising producers (below)
   auto range_of = [&](int32_t packed_row) {
     return query_range(seq_len, run_len, packed_row / group, p.sliding_window);
   };
@@ -103,8 +108,8 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int op = 0; op < 2; ++op)
       for (int s = 0; s < Cfg::kStages; ++s) {
-        mbar_init(bar_full(op, s), 128);                   // the producer's threads
-        mbar_init(bar_empty(op, s), 4 * Cfg::kConsumers);  // the consumers' warps
+        mbar_init(bar_full(op, s), Loader::kThreads);      // the producer's threads
+        mbar_init(bar_empty(op, s), solo ? 4 : 4 * Cfg::kConsumers);  // the consumers' warps
       }
     fence_mbarrier_init();
   }
@@ -112,7 +117,58 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
   const PrefillRows rows{table, seq_len, p.block_size, p.num_kv_heads, kv_head, p.num_blocks, p.page_stride,
                          p.scale_offset};
-  const int wgi = threadIdx.x / 128;
+  // ---- the producer's order and the dequantising producer's loop ----
+  // In the order the consumers take them: K of tile t, then V of tile
+  // t - kVLag, each into stage t % kStages once the consumers gave that
+  // stage's operand back. With the overlap a consumer's step t runs QK of
+  // t with PV of t - 1 (kVLag 1); without it, QK and PV of t (kVLag 0).
+  // (With the overlap, K of t then V of t made K of t + 1 wait for V's
+  // later release: ncu showed the consumers waiting for K. Without it,
+  // V of t - 1 after K of t cost head_dim 256 FP8 2-3% and NVFP4 2-7%:
+  // session 13, call 1.)
+  constexpr int kVLag = Cfg::kOverlap ? 1 : 0;
+  auto wait_empty = [&](int op, int t) {
+    if (t >= Cfg::kStages) mbar_wait(bar_empty(op, t % Cfg::kStages), ((t / Cfg::kStages) - 1) & 1);
+  };
+  auto p0_of = [&](int t) { return p_begin + t * kN; };
+  // The dequantising formats' loads of steps first, first + step, ... (one
+  // warpgroup, pt its thread; a solo CTA has two such producers, below).
+  auto produce_dequant = [&](int first, int step, int pt) {
+    if constexpr (!Loader::kTma) {
+      // Each step's K row is located a step ahead (its block-table load runs
+      // under the step before), so K's fetch waits for its data alone, not
+      // for a table load first.
+      PrefillRowAt at_k = Loader::at(rows, p0_of(first), pt);
+      for (int t = first; t < num_tiles + kVLag; t += step) {
+        typename Loader::Raw rk, rv;
+        const int tv = t - kVLag;
+        // All of the step's loads in flight while the stages drain (V's
+        // row located again rather than kept: the producer's registers).
+        if (t < num_tiles) Loader::fetch(p.k_cache, p, at_k, pt, rk);
+        if (!Cfg::kFetchSplit && tv >= 0) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(tv), pt), pt, rv);
+        const PrefillRowAt at_this = at_k;
+        at_k = Loader::at(rows, p0_of(t + step), pt);
+        if (t < num_tiles) {
+          const int s = t % Cfg::kStages;
+          wait_empty(0, t);
+          Loader::store(rk, smem + Cfg::kKOffset(s), pt);
+          wg::fence_proxy_async();
+          mbar_arrive(bar_full(0, s));
+        }
+        if (tv >= 0) {
+          const int s = tv % Cfg::kStages;
+          if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, at_this, pt, rv);  // tv == t
+          wait_empty(1, tv);
+          Loader::store(rv, smem + Cfg::kVOffset(s), pt);
+          wg::fence_proxy_async();
+          mbar_arrive(bar_full(1, s));
+        }
+      }
+    }
+  };
+  // The warpgroup through a shuffle: ptxas then knows it is warp-uniform, and
+  // the consumers' stage addresses and MMA descriptors stay in uniform registers.
+  const int wgi = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (wgi == 0) {
     // ---- producer ----
     wg::regs_dealloc<Cfg::kProducerRegs>();
@@ -120,20 +176,10 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     // page check (a page id outside the cache loads zeros: TMA fills a box
     // outside the map with zeros, locate() skips it).
     const int pt = threadIdx.x;
-    // In the order the consumers take them: K of tile t, then V of tile
-    // t - kVLag, each into stage t % kStages once the consumers gave that
-    // stage's operand back. With the overlap a consumer's step t runs QK of
-    // t with PV of t - 1 (kVLag 1); without it, QK and PV of t (kVLag 0).
-    // (With the overlap, K of t then V of t made K of t + 1 wait for V's
-    // later release: ncu showed the consumers waiting for K. Without it,
-    // V of t - 1 after K of t cost head_dim 256 FP8 2-3% and NVFP4 2-7%:
-    // session 13, call 1.)
-    constexpr int kVLag = Cfg::kOverlap ? 1 : 0;
-    auto wait_empty = [&](int op, int t) {
-      if (t >= Cfg::kStages) mbar_wait(bar_empty(op, t % Cfg::kStages), ((t / Cfg::kStages) - 1) & 1);
-    };
-    auto p0_of = [&](int t) { return p_begin + t * kN; };
     if constexpr (Loader::kTma) {
+      // One warp issues the boxes; the others leave at once (their wait
+      // loops would take issue slots from the consumers' warps).
+      if (pt >= Loader::kThreads) return;
       // The page ids of tile t + 1 are looked up before the waits of step t.
       typename Loader::Group grp = Loader::lookup(rows, p0_of(0), pt), grp_prev{};
       for (int t = 0; t < num_tiles + kVLag; ++t) {
@@ -153,29 +199,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
         grp = grp_next;
       }
     } else {
-      for (int t = 0; t < num_tiles + kVLag; ++t) {
-        typename Loader::Raw rk, rv;
-        const int tv = t - kVLag;
-        // All of the step's loads in flight while the stages drain (V's
-        // row located again rather than kept: the producer's registers).
-        if (t < num_tiles) Loader::fetch(p.k_cache, p, Loader::at(rows, p0_of(t), pt), pt, rk);
-        if (!Cfg::kFetchSplit && tv >= 0) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(tv), pt), pt, rv);
-        if (t < num_tiles) {
-          const int s = t % Cfg::kStages;
-          wait_empty(0, t);
-          Loader::store(rk, smem + Cfg::kKOffset(s), pt);
-          wg::fence_proxy_async();
-          mbar_arrive(bar_full(0, s));
-        }
-        if (tv >= 0) {
-          const int s = tv % Cfg::kStages;
-          if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(tv), pt), pt, rv);
-          wait_empty(1, tv);
-          Loader::store(rv, smem + Cfg::kVOffset(s), pt);
-          wg::fence_proxy_async();
-          mbar_arrive(bar_full(1, s));
-        }
-      }
+      produce_dequant(0, pair ? 2 : 1, pt);
     }
     return;
   }
@@ -183,6 +207,13 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // ---- consumers ----
   wg::regs_alloc<Cfg::kConsumerRegs>();
   const int cw = wgi - 1;                    // consumer 0 or 1
+  if (solo && cw == 0) {
+    // A solo CTA of a dequantising format: consumer 0 produces the odd
+    // steps, the producer the even ones, two tiles in flight where one
+    // producer's loads, waited for one tile at a time, set the pace.
+    if constexpr (!Loader::kTma) produce_dequant(1, 2, int(threadIdx.x % 128));
+    return;
+  }
   const int ct = threadIdx.x % 128;          // the thread in its warpgroup
   // The warpgroup's 64 rows of Q (zeros outside the run) in the MMA's type,
   // all loads in flight at once, while the producer fills the first stages.
@@ -256,11 +287,15 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // before issuing a tile's MMAs a consumer waits on its named barrier
   // (1 + cw), after issuing them it lets the other one go (FlashAttention
   // 3's ping-pong), so that one consumer's softmax runs under the other's
-  // MMAs. A bad run walks its tiles too (the producer does not know it is
-  // bad), and its outputs are NaN.
+  // MMAs (in a solo CTA consumer 1 walks them alone). A bad run walks its
+  // tiles too (the producer does not know it is bad), and its outputs are NaN.
   const int tiles = num_tiles;
-  auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
-  auto your_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
+  auto my_turn = [&] {
+    if (!solo) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory");
+  };
+  auto your_turn = [&] {
+    if (!solo) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
+  };
   if (cw == 1 && tiles > 0) your_turn();  // consumer 0 issues first
   auto stage_of = [](int t) { return t % Cfg::kStages; };
   // op 0 = K, 1 = V of tile t.

@@ -69,13 +69,14 @@ struct PrefillRowShare {
 // the stage is free) and issues its boxes, so a tile's page-id loads and
 // box issues run side by side. A group reaching past the sequence's end
 // (its last partial group, and groups past it) is copied row by row with
-// cp.async instead, zeros past the end. Thread 0 announces the boxes'
-// bytes on the full barrier before they are issued; every producer thread
-// arrives once its copies landed.
+// cp.async instead, zeros past the end. One warp does all of it (kThreads):
+// lane 0 announces the boxes' bytes on the full barrier before they are
+// issued; every lane arrives once its copies landed.
 template <int D>
 struct PrefillTileLoader<Bf16Format, D> {
   using Cfg = PrefillConfig<Bf16Format, D>;
   static constexpr bool kTma = true;
+  static constexpr int kThreads = 32;         // the producer threads that load
   static constexpr int kUnits = D / 8;        // 16-byte units per row
   static constexpr int kChunks = D / 64;      // 128-byte boxes per row
   static constexpr int kGroups = Cfg::kTileTokens / 16;
@@ -93,18 +94,16 @@ struct PrefillTileLoader<Bf16Format, D> {
   __device__ __forceinline__ static void load(const CUtensorMap* map, const uint8_t* cache, const PrefillRows& rows,
                                               int32_t p0, const Group& grp, uint32_t tile, uint32_t full, int pt) {
     const int whole = min(kGroups, max(0, (rows.seq_len - p0) / 16));  // groups inside the sequence
-    if (pt < 32) {
-      if (pt == 0) wg::mbar_expect_tx(full, uint32_t(whole * kChunks * 2048));
-      __syncwarp();
-      if (pt < whole) {
+    if (pt == 0) wg::mbar_expect_tx(full, uint32_t(whole * kChunks * 2048));
+    __syncwarp();
+    if (pt < whole) {
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-          tma_load_4d(tile + uint32_t(c * Cfg::kTileTokens * 128 + pt * 2048), map, full, c * 128, rows.kv_head,
-                      grp.tok, grp.page);
-      }
+      for (int c = 0; c < kChunks; ++c)
+        tma_load_4d(tile + uint32_t(c * Cfg::kTileTokens * 128 + pt * 2048), map, full, c * 128, rows.kv_head,
+                    grp.tok, grp.page);
     }
     const int tail_rows = Cfg::kTileTokens - 16 * whole;
-    for (int idx = pt; idx < tail_rows * kUnits; idx += 128) {
+    for (int idx = pt; idx < tail_rows * kUnits; idx += kThreads) {
       const int t = 16 * whole + idx / kUnits, u = idx % kUnits;
       int64_t page_off = 0;
       int32_t row = 0;
@@ -146,6 +145,7 @@ template <int D>
 struct PrefillTileLoader<Fp8Format, D> : PrefillShareLocator<PrefillRowShare<PrefillConfig<Fp8Format, D>, D / 16>> {
   using Cfg = PrefillConfig<Fp8Format, D>;
   static constexpr bool kTma = false;
+  static constexpr int kThreads = 128;  // every producer thread loads a row share
   using Share = PrefillRowShare<Cfg, D / 16>;  // 16-byte code vectors per row
   static constexpr int kPerThread = Share::kPerThread;
   struct Raw {
@@ -177,6 +177,7 @@ template <int D>
 struct PrefillTileLoader<Nvfp4Format, D> : PrefillShareLocator<PrefillRowShare<PrefillConfig<Nvfp4Format, D>, D / 32>> {
   using Cfg = PrefillConfig<Nvfp4Format, D>;
   static constexpr bool kTma = false;
+  static constexpr int kThreads = 128;  // every producer thread loads a row share
   using Share = PrefillRowShare<Cfg, D / 32>;  // 16-byte code vectors (two scale groups) per row
   static constexpr int kPerThread = Share::kPerThread;
   struct Raw {
