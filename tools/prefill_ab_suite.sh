@@ -41,7 +41,9 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_th
   --format=csv >"$OUT/logs/gpu_state.txt" 2>&1
 
 # Part 3 first: the verification shapes are issue 17's misses.
-dq_builds=(main solo_consumer solo_dequant_pair dequant_locate_ahead uniform_consumer turn_after_qk)
+# A group's builds: main and the variants that change its kernels (add a
+# new variant's name where it belongs).
+dq_builds=(main)
 # Verification on the prefill kernel (--prefill on; the runs kernel's times
 # are main's --prefill off rows): q_len 2-16 at GQA 4, every format.
 verify_shapes=1x2+32766,1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752
@@ -50,18 +52,17 @@ ROUNDS=1 run_group 3 verify_runs_kernel "--head-dim 128 --prefill off --shapes $
 
 # Names are .deps/ab directories: main and bench/variants/<name>.patch with
 # '-' as '_' (tools/build_prefill_variants.sh); ko_* are the knockouts.
-bf16_real=(main uniform_consumer turn_after_qk one_warp_tma_producer tree_max exp2_fma bf16_n176)
+bf16_real=(main)
 run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" \
   "${bf16_real[@]}" ko_no_loads ko_no_softmax ko_no_exp ko_no_pv
 # The real bf16 variants' results, once (--check: against the runs kernel).
 ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,2048+30720 --check" "${bf16_real[@]}"
-run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" main uniform_consumer turn_after_qk exp2_fma \
-  ko_no_softmax ko_no_exp ko_no_loads
+run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" "${bf16_real[@]}" ko_no_softmax ko_no_exp ko_no_loads
 
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
 # The runs kernel at q_len 2 and 4 (two column tiles from q_len 3 at GQA 4).
 run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
-1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main runs_nvfp4_nt2_inflight
+1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main
 
 # ncu of the base build (bf16, 8192 tokens): where its consumers' cycles go,
 # beside the knockouts above.
