@@ -11,9 +11,13 @@
 #   PREFILL_AB_ARGS_<NAME>  more options for that one (e.g. --load-path registers)
 #   PREFILL_AB_TESTS=1  first runs each binary's sibling test_gpu_attn(.xz), if there
 #                       is one (GTEST_FILTER, default every test; METRALE_GPU_TEST_ITERS;
-#                       TEST_TIMEOUT, 150 s); BENCH_TIMEOUT (120 s) bounds each bench run
+#                       TEST_TIMEOUT, 150 s); BENCH_TIMEOUT (60 s; a bench run takes 3-15 s) bounds each bench run
 # The binaries come from tools/build_prefill_variants.sh (one per branch).
 set -uo pipefail
+# Stopped from outside (an outer timeout), stop the binary in flight too: in
+# session 16 a hung knockout outlived its killed caller and shared the GPU
+# with the next run.
+trap 'pkill -TERM -P $$; exit 143' TERM INT
 OUT=$1
 shift
 mkdir -p "$OUT"
@@ -45,9 +49,11 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   for nb in "${bins[@]}"; do
     name=${nb%%=*} bin=${nb#*=}
     extra_var="PREFILL_AB_ARGS_$name"
-    # a variant that hangs costs BENCH_TIMEOUT seconds, not the call
-    timeout "${BENCH_TIMEOUT:-120}" "$bin" $args ${!extra_var:-} --json "$OUT/${name}_$r.json" \
-      >"$OUT/${name}_$r.log" 2>&1 || echo "$name round $r: rc $?"
+    # a variant that hangs costs BENCH_TIMEOUT seconds, not the call (in the
+    # background and waited for, so that the trap above runs at once)
+    timeout "${BENCH_TIMEOUT:-60}" "$bin" $args ${!extra_var:-} --json "$OUT/${name}_$r.json" \
+      >"$OUT/${name}_$r.log" 2>&1 &
+    wait $! || echo "$name round $r: rc $?"
   done
 done
 python3 - "$OUT" "$@" <<'PY'
