@@ -32,10 +32,10 @@ struct PrefillConfig {
   // t + 1's QK and holds two stages at once, so the ring has three. It
   // holds O, S and one P fragment tile (160 registers at head_dim 128). At
   // head_dim 256 O alone is 128 registers: MMAs and softmax run in turn
-  // with two stages. The dequantising formats keep a producer of 96
+  // with two stages. The dequantising formats keep a producer of 104
   // registers (the raw codes of a tile's K and of the tile before's V in
-  // flight at once: with fewer, in passes, it was latency-bound), 104 with
-  // the next K row located ahead (all of the CTA's 168 x 384 registers).
+  // flight at once, and the next K row located ahead: all of the CTA's
+  // 168 x 384 registers; in passes, with fewer, it was latency-bound).
   static constexpr bool kOverlap = D <= 128;
   // (Two stages serve the overlap too: K and V have barriers of their own,
   // so K of t + 1 fills the slot of K of t - 1 while V of t - 1 is read.)

@@ -88,8 +88,9 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   const int32_t row_lo = row_hi - kM;           // negative in a run's partial first tile
   const int32_t first_row = max(row_lo, 0);
   // A tile of at most 64 rows (verification, a run's partial first tile)
-  // has none in consumer 0's half: consumer 0 leaves at once, and consumer
-  // 1 takes every tile alone, without turns, and alone gives the stages back.
+  // has none in consumer 0's half: consumer 1 takes every tile alone,
+  // without turns, and alone gives the stages back; consumer 0 leaves, or
+  // for fp8 / NVFP4 becomes a second producer (pair, below).
   const bool solo = row_lo + 64 <= 0;
   const bool pair = solo && !Loader::kTma;  // then two dequantising producers (below)
   auto range_of = [&](int32_t packed_row) {
