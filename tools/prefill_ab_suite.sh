@@ -43,7 +43,7 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_th
 # Part 3 first: the verification shapes are issue 17's misses.
 # A group's builds: main and the variants that change its kernels (add a
 # new variant's name where it belongs).
-dq_builds=(main dequant_pipelined)
+dq_builds=(main coalesced_dequant)
 # Verification on the prefill kernel (--prefill on; the runs kernel's times
 # are main's --prefill off rows): q_len 2-16 at GQA 4, every format.
 verify_shapes=1x2+32766,1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752
@@ -60,6 +60,9 @@ ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,204
 run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" "${bf16_real[@]}" ko_no_softmax ko_no_exp ko_no_loads
 
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
+for d in 64 256; do
+  ROUNDS=1 run_group 2 dq_prompts_d$d "--formats fp8,nvfp4 --head-dim $d --shapes 1024,8192,ragged8 --check" "${dq_builds[@]}"
+done
 # The runs kernel at q_len 2 and 4 (two column tiles from q_len 3 at GQA 4).
 run_group 2 runs_q2_q4 "--head-dim 128 --formats fp8,nvfp4 --prefill off --check --shapes \
 1x2+32766,16x2+8190,64x2+4094,1x4+32764,16x4+8188,64x4+4092" main
