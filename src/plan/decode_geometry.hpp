@@ -39,20 +39,19 @@ constexpr int32_t runs_col_tiles(int32_t head_dim, int64_t columns) {
 // (query row, q head) rows of one kv head, the rows j of a run and the
 // group's heads h in order (j * group + h), in tiles counted from the run's
 // end. The planner takes it for query runs of at least
-// kPrefillMinRows{Bf16,Fp8,Nvfp4} rows per kv head (fewer: the runs kernel,
+// kPrefillMinRows rows per kv head (fewer: the runs kernel,
 // whose CTAs serve 8-16 columns and split the pages): it reads a kv head's
 // pages once for up to 128 rows, where the runs kernel reads them once per
 // 16 columns. Measured on the H200 (d128, GQA 4, 1 x 32768, 16 x 8192,
 // 64 x 4096): bf16 verification of 8 tokens (32 rows) took 0.89-0.96x the
 // runs kernel's time (session 13). A tile of at most 64 rows has one
 // consumer (a solo CTA), and for fp8 / NVFP4 two dequantising producers
-// (session 16): 8 NVFP4 tokens then take 0.88-0.97x the runs kernel's time,
-// 8 fp8 tokens still 1.09-1.33x (fp8's runs kernel reads 1 byte per value
-// at decode's pace), so fp8 keeps 64 rows (16 tokens: 0.74x).
+// (session 16): 8 NVFP4 tokens then take 0.88-0.97x the runs kernel's time;
+// 8 fp8 tokens took 1.09-1.33x until the producer loaded whole rows per
+// instruction (session 18): 0.84-0.97x. 4 tokens (16 rows) stay on the
+// runs kernel in every format (fp8 1.08x, NVFP4 1.03x its time).
 constexpr int32_t kPrefillRowsPerCta = 128;
-constexpr int32_t kPrefillMinRowsBf16 = 32;
-constexpr int32_t kPrefillMinRowsFp8 = 64;
-constexpr int32_t kPrefillMinRowsNvfp4 = 32;
+constexpr int32_t kPrefillMinRows = 32;
 // Those short runs were measured over 4096-32768 attended positions only;
 // over fewer, where a CTA's fixed costs (its Q, the ring's fill) weigh more,
 // runs of fewer than kPrefillRowsPerCta rows keep the runs kernel.

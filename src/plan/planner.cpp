@@ -189,8 +189,7 @@ int32_t prefill_splits(const DecodeProblem& p, const DecodeTarget& target, int64
   return fill_splits(ctas, attended_len(p), target.num_sms, kPrefillMinTokensPerSplit);
 }
 // Query runs take the prefill kernel where a kv head has at least
-// kPrefillMinRows{Bf16,Fp8,Nvfp4} (by the cache's format) packed
-// rows (kPrefillRowsPerCta over fewer than kPrefillShortRunsMinAttended
+// kPrefillMinRows packed rows (kPrefillRowsPerCta over fewer than kPrefillShortRunsMinAttended
 // positions) and its grid (one CTA per 128 rows and split) fills half the GPU's
 // SMs; fewer CTAs (a short context) leave the SMs idle that the runs
 // kernel's splits would fill. Forced split counts (but 1), column tiles or
@@ -198,10 +197,7 @@ int32_t prefill_splits(const DecodeProblem& p, const DecodeTarget& target, int64
 bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t kv_units, int64_t columns,
                    int64_t tiles, const DecodePlanOptions& opt) {
   if (!prefill_loads(p, target)) return false;
-  const int32_t min_rows = attended_len(p) < kPrefillShortRunsMinAttended ? kPrefillRowsPerCta
-                           : p.layout.format == KvFormat::bf16      ? kPrefillMinRowsBf16
-                           : p.layout.format == KvFormat::fp8_e4m3  ? kPrefillMinRowsFp8
-                                                                    : kPrefillMinRowsNvfp4;
+  const int32_t min_rows = attended_len(p) < kPrefillShortRunsMinAttended ? kPrefillRowsPerCta : kPrefillMinRows;
   if (!p.runs_kernel() || opt.num_splits > 1 || opt.col_tiles > 0 || columns < min_rows) return false;
   if (opt.merge == DecodeMerge::cluster) return false;
   if (p.num_seqs > kPrefillMaxGridYZ || tiles > kPrefillMaxGridYZ) return false;  // the grid's y and z

@@ -4,7 +4,8 @@
 //   bf16   copied as it is, by TMA boxes (the sequence's partial last
 //          16-position group by cp.async);
 //   fp8    16 codes per 16-byte load -> 16 f16 (Fp8Format::unpack16);
-//   nvfp4  32 codes + their two group scales -> 32 f16 (Nvfp4Format::unpack32).
+//   nvfp4  32 codes + their two group scales -> 32 f16 (Nvfp4Format::unpack32);
+//          both in whole rows per load instruction (PrefillVectorShare).
 // The dequantised values are the decode kernel's operands (code, or code *
 // group scale * 2^-6, exact in f16); the per-tensor factors stay folded into
 // the kernel's qk_log2_scale and v_factor. Positions at or past the
@@ -48,18 +49,6 @@ struct PrefillRows {
 
 template <class Fmt, int D>
 struct PrefillTileLoader;
-
-// Each producer thread owns one token row of the tile (half a row at 64
-// tokens per tile): one block-table lookup per thread and tile, and
-// consecutive vectors of the row.
-template <class Cfg, int kVectorsPerRow>
-struct PrefillRowShare {
-  static constexpr int kThreadsPerRow = 128 / Cfg::kTileTokens;
-  static_assert(kThreadsPerRow * Cfg::kTileTokens == 128, "a warpgroup covers the tile's rows");
-  static constexpr int kPerThread = kVectorsPerRow / kThreadsPerRow;
-  __device__ __forceinline__ static int token(int pt) { return pt / kThreadsPerRow; }
-  __device__ __forceinline__ static int first_vector(int pt) { return (pt % kThreadsPerRow) * kPerThread; }
-};
 
 // bf16: a stage's K or V tile is filled by TMA, one box of 16 positions x
 // 128 bytes of one head's rows per (16-position group, 64-element chunk),
@@ -121,91 +110,161 @@ struct PrefillTileLoader<Bf16Format, D> {
 };
 
 // The dequantising formats: fetch() loads one operand's raw bytes of the
-// thread's row share into registers, store() converts them into the stage.
+// thread's share into registers, store() converts them into the stage.
 // The producer fetches K and V (all their loads in flight at once) before
 // it waits for the stage.
+//
+// The shares. A 16-byte vector of codes becomes kUnits 16-byte units of
+// f16 (fp8 2, NVFP4 4). The tile's 16-position groups go to kGroupThreads
+// threads each (16 at 128 positions per tile, a warp at 64), so a thread
+// needs one page lookup per tile (block_size is a multiple of 16). Within
+// a group, a quarter warp takes kUnits rows x 8 / kUnits vectors: lane i
+// of the quarter the vector i % (8 / kUnits) of its vector block and the
+// row i / (8 / kUnits) of its row block. Then
+//   * a load instruction reads whole rows (kRowsPerLoad of them per group:
+//     one row per thread read 32 rows' 16 bytes per load, and the L1 ran
+//     at 80-87% of its throughput, ncu, session 17);
+//   * in a store instruction (one unit j of every lane's vector) a quarter
+//     warp's 8 units land in 8 different 16-byte bank groups: the vector
+//     sets the swizzled unit's high bits, the row (through the swizzle,
+//     wgmma.cuh) its low ones, and j and the instruction's row step are
+//     the same for all 8 lanes;
+//   * every store's address is a per-thread base, XOR a constant of
+//     (j, k), plus a constant (the rows of a thread are r0 + kRowsPerLoad *
+//     k, r0 < kRowsPerLoad, and the tile is 1024-byte aligned).
+// (tools/prefill_vector_share_model.py checks all of it at every head_dim.
+// A first version of coalesced loads rotated each lane's units and rows at
+// run time for the same conflict-freedom, which doubled the producer's
+// instructions: session 17, bench/variants.)
 struct PrefillRowAt {
-  bool ok;          // the position has a row to load
+  bool ok;          // the thread's 16-position group has a page to load
   int64_t page_off;
-  int32_t row;      // t * H + h inside the page
+  int32_t row;      // t * H + h inside the page of the thread's first row
+  int32_t rows_in;  // positions inside the sequence from the thread's first row
 };
-// Where the thread's row share of the tile at p0 lives (both dequantising
-// loaders derive their at() from here).
-template <class Share>
-struct PrefillShareLocator {
+template <class Cfg, int kVectors, int kUnits>
+struct PrefillVectorShare {
+  static constexpr int kT = Cfg::kTileTokens;
+  static constexpr int kQuarterVectors = 8 / kUnits;                // a quarter's vectors of a row
+  static constexpr int kQuarterRows = kUnits;                       // and its rows
+  static constexpr int kGroupThreads = 128 * 16 / kT;               // threads per 16-position group
+  static constexpr int kVectorBlocks = kVectors / kQuarterVectors;  // quarters per row
+  static constexpr int kRowBlocks = kGroupThreads / 8 / kVectorBlocks;
+  static constexpr int kRowsPerLoad = kRowBlocks * kQuarterRows;    // a group's rows per load instruction
+  static constexpr int kCount = 16 / kRowsPerLoad;                  // vectors per thread
+  static_assert(kVectors % kQuarterVectors == 0 && kRowBlocks >= 1 && kRowBlocks * kVectorBlocks * 8 == kGroupThreads,
+                "a group's threads cover its rows");
+  static_assert(kRowsPerLoad * kCount == 16 && (kRowsPerLoad & (kRowsPerLoad - 1)) == 0, "rows r0 + R * k");
+  __device__ __forceinline__ static int group(int pt) { return pt / kGroupThreads; }
+  __device__ __forceinline__ static int quarter(int pt) { return pt % kGroupThreads / 8; }
+  // The thread's first row in its group and its vector of each row.
+  __device__ __forceinline__ static int first_row(int pt) {
+    return quarter(pt) / kVectorBlocks * kQuarterRows + pt % 8 / kQuarterVectors;
+  }
+  __device__ __forceinline__ static int vector(int pt) {
+    return quarter(pt) % kVectorBlocks * kQuarterVectors + pt % 8 % kQuarterVectors;
+  }
   __device__ __forceinline__ static PrefillRowAt at(const PrefillRows& rows, int32_t p0, int pt) {
-    PrefillRowAt at{false, 0, 0};
-    at.ok = rows.locate(p0 + Share::token(pt), at.page_off, at.row);
+    PrefillRowAt at{false, 0, 0, 0};
+    const int32_t pos = p0 + 16 * group(pt);
+    at.ok = rows.locate(pos, at.page_off, at.row);
+    at.row += first_row(pt) * rows.num_kv_heads;
+    at.rows_in = rows.seq_len - pos - first_row(pt);
     return at;
   }
+  // Whether the thread's k-th row has data.
+  __device__ __forceinline__ static bool loads(const PrefillRowAt& at, int k) {
+    return at.ok && kRowsPerLoad * k < at.rows_in;
+  }
+  // The shared-memory address of the thread's k-th row's unit j (of its
+  // vector) in the tile at `tile`: swizzle_offset() of row 16 g + r0 + R k,
+  // unit kUnits * m + j, as a base XOR a constant plus a constant.
+  struct Dst {
+    uint32_t base;
+    __device__ __forceinline__ Dst(uint32_t tile, int pt) {
+      const int r0 = first_row(pt), m = vector(pt);
+      base = tile + uint32_t(m / kQuarterVectors * kT * 128 + (16 * group(pt) + r0) * 128 +
+                             (((kUnits * m) ^ r0) & 7) * 16);
+    }
+    __device__ __forceinline__ uint32_t operator()(int k, int j) const {
+      return (base ^ uint32_t(((j ^ (kRowsPerLoad * k)) & 7) * 16)) + uint32_t(kRowsPerLoad * k * 128);
+    }
+  };
 };
+
+__device__ __forceinline__ void st_shared_16(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
 
 // fp8: 16 codes per vector -> two 16-byte units of f16.
 template <int D>
-struct PrefillTileLoader<Fp8Format, D> : PrefillShareLocator<PrefillRowShare<PrefillConfig<Fp8Format, D>, D / 16>> {
+struct PrefillTileLoader<Fp8Format, D> {
   using Cfg = PrefillConfig<Fp8Format, D>;
   static constexpr bool kTma = false;
-  static constexpr int kThreads = 128;  // every producer thread loads a row share
-  using Share = PrefillRowShare<Cfg, D / 16>;  // 16-byte code vectors per row
-  static constexpr int kPerThread = Share::kPerThread;
+  static constexpr int kThreads = 128;  // every producer thread loads
+  using Share = PrefillVectorShare<Cfg, D / 16, 2>;  // 16-byte code vectors per row
   struct Raw {
-    uint4 c[kPerThread];
+    uint4 c[Share::kCount];
   };
-  __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams&, const PrefillRowAt& at, int pt,
+  __device__ __forceinline__ static PrefillRowAt at(const PrefillRows& rows, int32_t p0, int pt) {
+    return Share::at(rows, p0, pt);
+  }
+  __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams& p, const PrefillRowAt& at, int pt,
                                                Raw& raw) {
-    const uint4* src = reinterpret_cast<const uint4*>(cache + at.page_off + int64_t(at.row) * D +
-                                                      Share::first_vector(pt) * 16);
+    const uint8_t* src = cache + at.page_off + int64_t(at.row) * D + Share::vector(pt) * 16;
+    const int64_t step = int64_t(Share::kRowsPerLoad) * p.num_kv_heads * D;
 #pragma unroll
-    for (int k = 0; k < kPerThread; ++k) raw.c[k] = at.ok ? __ldg(src + k) : make_uint4(0, 0, 0, 0);
+    for (int k = 0; k < Share::kCount; ++k)
+      raw.c[k] = Share::loads(at, k) ? __ldg(reinterpret_cast<const uint4*>(src + k * step)) : make_uint4(0, 0, 0, 0);
   }
   __device__ __forceinline__ static void store(const Raw& raw, uint8_t* tile, int pt) {
-    const int t = Share::token(pt);
+    const typename Share::Dst dst(smem_addr(tile), pt);
 #pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int u = Share::first_vector(pt) + k;
+    for (int k = 0; k < Share::kCount; ++k) {
       uint4 h16[2];
       Fp8Format::unpack16(raw.c[k], h16);
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<uint4*>(tile + wg::swizzle_offset(Cfg::kTileTokens, t, 2 * u + h)) = h16[h];
+      for (int j = 0; j < 2; ++j) st_shared_16(dst(k, j), h16[j]);
     }
   }
 };
 
 // nvfp4: 32 codes and their two group scales per vector -> four units of f16.
 template <int D>
-struct PrefillTileLoader<Nvfp4Format, D> : PrefillShareLocator<PrefillRowShare<PrefillConfig<Nvfp4Format, D>, D / 32>> {
+struct PrefillTileLoader<Nvfp4Format, D> {
   using Cfg = PrefillConfig<Nvfp4Format, D>;
   static constexpr bool kTma = false;
-  static constexpr int kThreads = 128;  // every producer thread loads a row share
-  using Share = PrefillRowShare<Cfg, D / 32>;  // 16-byte code vectors (two scale groups) per row
-  static constexpr int kPerThread = Share::kPerThread;
+  static constexpr int kThreads = 128;  // every producer thread loads
+  using Share = PrefillVectorShare<Cfg, D / 32, 4>;  // 16-byte code vectors (two scale groups) per row
   struct Raw {
-    uint4 c[kPerThread];
-    uint32_t s[kPerThread];
+    uint4 c[Share::kCount];
+    uint32_t s[Share::kCount];
   };
+  __device__ __forceinline__ static PrefillRowAt at(const PrefillRows& rows, int32_t p0, int pt) {
+    return Share::at(rows, p0, pt);
+  }
   __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams& p, const PrefillRowAt& at,
                                                int pt, Raw& raw) {
-    const int u0 = Share::first_vector(pt);
-    const uint4* src = reinterpret_cast<const uint4*>(cache + at.page_off + int64_t(at.row) * (D / 2) + u0 * 16);
-    const uint16_t* ssrc = reinterpret_cast<const uint16_t*>(cache + at.page_off + p.scale_offset +
-                                                             int64_t(at.row) * (D / 16) + u0 * 2);
+    const int m = Share::vector(pt);
+    const uint8_t* src = cache + at.page_off + int64_t(at.row) * (D / 2) + m * 16;
+    const uint8_t* ssrc = cache + at.page_off + p.scale_offset + int64_t(at.row) * (D / 16) + m * 2;
+    const int64_t rows = int64_t(Share::kRowsPerLoad) * p.num_kv_heads;
 #pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      raw.c[k] = at.ok ? __ldg(src + k) : make_uint4(0, 0, 0, 0);
-      raw.s[k] = at.ok ? __ldg(ssrc + k) : 0u;
+    for (int k = 0; k < Share::kCount; ++k) {
+      const bool ok = Share::loads(at, k);
+      raw.c[k] = ok ? __ldg(reinterpret_cast<const uint4*>(src + k * rows * (D / 2))) : make_uint4(0, 0, 0, 0);
+      raw.s[k] = ok ? __ldg(reinterpret_cast<const uint16_t*>(ssrc + k * rows * (D / 16))) : 0u;
     }
   }
   __device__ __forceinline__ static void store(const Raw& raw, uint8_t* tile, int pt) {
-    const int t = Share::token(pt);
+    const typename Share::Dst dst(smem_addr(tile), pt);
 #pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int u = Share::first_vector(pt) + k;
+    for (int k = 0; k < Share::kCount; ++k) {
       uint4 h16[4];
       Nvfp4Format::unpack32(raw.c[k], raw.s[k], h16);
 #pragma unroll
-      for (int h = 0; h < 4; ++h)
-        *reinterpret_cast<uint4*>(tile + wg::swizzle_offset(Cfg::kTileTokens, t, 4 * u + h)) = h16[h];
+      for (int j = 0; j < 4; ++j) st_shared_16(dst(k, j), h16[j]);
     }
   }
 };
