@@ -43,7 +43,7 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_th
 # Part 3 first: the verification shapes are issue 17's misses.
 # A group's builds: main and the variants that change its kernels (add a
 # new variant's name where it belongs).
-dq_builds=(main nvfp4_unit_order)
+dq_builds=(main nvfp4_unit_order pair_loads_ahead)
 # Verification on the prefill kernel (--prefill on; the runs kernel's times
 # are main's --prefill off rows): q_len 2-16 at GQA 4, every format.
 verify_shapes=1x2+32766,1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752
