@@ -199,7 +199,7 @@ __device__ __forceinline__ void st_shared_16(uint32_t addr, const uint4& v) {
 
 // fp8: 16 codes per vector -> two 16-byte units of f16.
 template <int D>
-struct PrefillTileLoader<Fp8Format, D> {
+struct PrefillTileLoader<Fp8Format, D> : PrefillVectorShare<PrefillConfig<Fp8Format, D>, D / 16, 2> {  // its at()
   using Cfg = PrefillConfig<Fp8Format, D>;
   static constexpr bool kTma = false;
   static constexpr int kThreads = 128;  // every producer thread loads
@@ -207,9 +207,6 @@ struct PrefillTileLoader<Fp8Format, D> {
   struct Raw {
     uint4 c[Share::kCount];
   };
-  __device__ __forceinline__ static PrefillRowAt at(const PrefillRows& rows, int32_t p0, int pt) {
-    return Share::at(rows, p0, pt);
-  }
   __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams& p, const PrefillRowAt& at, int pt,
                                                Raw& raw) {
     const uint8_t* src = cache + at.page_off + int64_t(at.row) * D + Share::vector(pt) * 16;
@@ -232,7 +229,7 @@ struct PrefillTileLoader<Fp8Format, D> {
 
 // nvfp4: 32 codes and their two group scales per vector -> four units of f16.
 template <int D>
-struct PrefillTileLoader<Nvfp4Format, D> {
+struct PrefillTileLoader<Nvfp4Format, D> : PrefillVectorShare<PrefillConfig<Nvfp4Format, D>, D / 32, 4> {  // its at()
   using Cfg = PrefillConfig<Nvfp4Format, D>;
   static constexpr bool kTma = false;
   static constexpr int kThreads = 128;  // every producer thread loads
@@ -241,9 +238,6 @@ struct PrefillTileLoader<Nvfp4Format, D> {
     uint4 c[Share::kCount];
     uint32_t s[Share::kCount];
   };
-  __device__ __forceinline__ static PrefillRowAt at(const PrefillRows& rows, int32_t p0, int pt) {
-    return Share::at(rows, p0, pt);
-  }
   __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams& p, const PrefillRowAt& at,
                                                int pt, Raw& raw) {
     const int m = Share::vector(pt);
