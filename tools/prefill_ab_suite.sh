@@ -16,7 +16,8 @@
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
 #   SUITE_PART=1 (group 1), 2 (the dequantising prompts, the runs kernel and
 #   ncu), 3 (verification), a list ("3 1 2": the groups run in the order 3, 1, 2), or all: the
-#   whole suite may not fit one 10-minute call; SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh
+#   whole suite may not fit one 10-minute call; SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh;
+#   DQ_BUILDS (a space-separated list) replaces the dequantising group's builds
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -43,7 +44,7 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_th
 # Part 3 first: the verification shapes are issue 17's misses.
 # A group's builds: main and the variants that change its kernels (add a
 # new variant's name where it belongs).
-dq_builds=(main nvfp4_unit_order pair_loads_ahead)
+dq_builds=(${DQ_BUILDS:-main})
 # Verification on the prefill kernel (--prefill on; the runs kernel's times
 # are main's --prefill off rows): q_len 2-16 at GQA 4, every format.
 verify_shapes=1x2+32766,1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752

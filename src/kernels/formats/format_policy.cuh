@@ -61,6 +61,13 @@ struct FormatPolicy {
   static constexpr int kGroupSize = kScaled ? kDesc.group_size : 1;
   // A format with a calibrated range (a per-tensor scale) can saturate.
   static constexpr bool kSaturates = kDesc.calibration_max > 0.0f;
+  // The prefill kernel's tiles (kernels/prefill): which element of a 16-byte
+  // unit (8 consecutive elements of head_dim) position p of the unit holds
+  // in shared memory. The products sum over head_dim (QK) or keep it as the
+  // output's columns (PV), so an order that saves the dequantising producer
+  // its byte permutes is free if Q's units are stored in the same order and
+  // the epilogue puts the output's columns back. In order unless a format says.
+  __host__ __device__ static constexpr int prefill_unit_elem(int p) { return p; }
 };
 
 // The unscaled formats convert V one tile (an element pair) at a time:

@@ -62,25 +62,22 @@ struct Nvfp4Format : FormatPolicy<KvFormat::nvfp4> {
   __device__ __forceinline__ static uint32_t scale_pair(uint32_t codes16) { return e4m3x2_to_f16x2(codes16); }
 
   // ---- prefill (kernels/prefill): 32 codes of a row (two scale groups,
-  // their E4M3 scale codes in bits 0-7 and 8-15 of `scales16`), in order,
-  // to the 32 f16 operands code * scale * 2^-6 (exact, as for decode) ----
+  // their E4M3 scale codes in bits 0-7 and 8-15 of `scales16`) to four
+  // 16-byte units of the f16 operands code * scale * 2^-6 (exact, as for
+  // decode); a word's low nibbles then its high nibbles, with no byte
+  // permute: unit i holds codes 8i + (0, 2, 4, 6, 1, 3, 5, 7) ----
+  __host__ __device__ static constexpr int prefill_unit_elem(int p) { return p < 4 ? 2 * p : 2 * p - 7; }
   __device__ __forceinline__ static void unpack32(const uint4 codes, uint32_t scales16, uint4 (&out)[4]) {
     const uint32_t s = scale_pair(scales16);
     const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
-    uint32_t r[16];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t sc = f16x2_broadcast(s, i >= 2);  // words 0-1: group 0, words 2-3: group 1
-      const uint32_t lo = low_nibbles_e4m3(w[i]), hi = high_nibbles_e4m3(w[i]);
-      // bytes (lo0, hi0, lo1, hi1) are elements 8i + 0..3, (lo2, hi2, lo3, hi3) 8i + 4..7
-      uint32_t a0, a1, b0, b1;
-      e4m3x4_to_f16x2x2(byte_perm(lo, hi, 0x5140), a0, a1);
-      e4m3x4_to_f16x2x2(byte_perm(lo, hi, 0x7362), b0, b1);
-      r[4 * i] = hmul2(a0, sc), r[4 * i + 1] = hmul2(a1, sc);
-      r[4 * i + 2] = hmul2(b0, sc), r[4 * i + 3] = hmul2(b1, sc);
+      uint32_t a0, a1, b0, b1;  // (codes 0, 2), (4, 6) of the word; (1, 3), (5, 7)
+      e4m3x4_to_f16x2x2(low_nibbles_e4m3(w[i]), a0, a1);
+      e4m3x4_to_f16x2x2(high_nibbles_e4m3(w[i]), b0, b1);
+      out[i] = make_uint4(hmul2(a0, sc), hmul2(a1, sc), hmul2(b0, sc), hmul2(b1, sc));
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = make_uint4(r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]);
   }
 
   // ---- cache write: 32 elements = two scale groups, quantized independently

@@ -233,10 +233,13 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int idx = ct + 128 * k, r = cw * 64 + idx / kUnits, u = idx % kUnits;
-      if constexpr (!std::is_same_v<Op, Bf16Op>) {
+      if constexpr (!std::is_same_v<Op, Bf16Op>) {  // in the K tiles' unit order (Fmt::prefill_unit_elem)
         float x[8];
         unpack8(v[k], x);
-        v[k] = make_uint4(pack2<Op>(x[0], x[1]), pack2<Op>(x[2], x[3]), pack2<Op>(x[4], x[5]), pack2<Op>(x[6], x[7]));
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = pack2<Op>(x[Fmt::prefill_unit_elem(2 * j)], x[Fmt::prefill_unit_elem(2 * j + 1)]);
+        v[k] = make_uint4(w[0], w[1], w[2], w[3]);
       }
       *reinterpret_cast<uint4*>(smem + wg::swizzle_offset(kM, r, u)) = v[k];
     }
@@ -482,6 +485,10 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // reduce's final normalisation, which also writes lse).
   const float qnan = __int_as_float(0x7fc00000);
   float* const records = p.workspace;
+  // The thread's accumulator columns 2 quad, 2 quad + 1 of each unit hold
+  // these elements of it (the V tiles' unit order, Fmt::prefill_unit_elem).
+  constexpr bool kInOrder = Fmt::prefill_unit_elem(1) == 1 && Fmt::prefill_unit_elem(7) == 7;
+  const int e0 = Fmt::prefill_unit_elem(2 * quad), e1 = Fmt::prefill_unit_elem(2 * quad + 1);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = l_run[i];
@@ -505,7 +512,14 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       for (int jj = 0; jj < D / 8; ++jj) {
         const float a = empty ? 0.0f : o[4 * jj + 2 * i] * factor;
         const float b = empty ? 0.0f : o[4 * jj + 2 * i + 1] * factor;
-        *reinterpret_cast<uint32_t*>(smem + wg::swizzle_offset(kM, r, jj) + 4 * quad) = pack2<Bf16Op>(a, b);
+        uint8_t* const unit = smem + wg::swizzle_offset(kM, r, jj);
+        const uint32_t ab = pack2<Bf16Op>(a, b);
+        if constexpr (kInOrder) {
+          *reinterpret_cast<uint32_t*>(unit + 4 * quad) = ab;
+        } else {
+          *reinterpret_cast<uint16_t*>(unit + 2 * e0) = uint16_t(ab);
+          *reinterpret_cast<uint16_t*>(unit + 2 * e1) = uint16_t(ab >> 16);
+        }
       }
     } else if (live) {
       float* const rec = records + softmax::record_index(out_row, p.num_splits, split) * softmax::record_floats(D);
@@ -513,7 +527,12 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       for (int jj = 0; jj < D / 8; ++jj) {
         const float a = empty ? 0.0f : o[4 * jj + 2 * i] * factor;
         const float b = empty ? 0.0f : o[4 * jj + 2 * i + 1] * factor;
-        *reinterpret_cast<float2*>(rec + 8 * jj + 2 * quad) = make_float2(a, b);
+        if constexpr (kInOrder) {
+          *reinterpret_cast<float2*>(rec + 8 * jj + 2 * quad) = make_float2(a, b);
+        } else {
+          rec[8 * jj + e0] = a;
+          rec[8 * jj + e1] = b;
+        }
       }
       if (quad == 0) softmax::store_state(rec, D, softmax::to_record(mg.merged(l), m_run[i]));
     }
