@@ -70,6 +70,15 @@ struct FormatPolicy {
   __host__ __device__ static constexpr int prefill_unit_elem(int p) { return p; }
 };
 
+// Whether Fmt's prefill units hold their elements in order (the epilogue
+// then writes each accumulator pair as it is).
+template <class Fmt>
+__host__ __device__ constexpr bool prefill_units_in_order() {
+  for (int p = 0; p < 8; ++p)
+    if (Fmt::prefill_unit_elem(p) != p) return false;
+  return true;
+}
+
 // The unscaled formats convert V one tile (an element pair) at a time:
 // their v_quad is two v_pair calls.
 template <class Fmt>

@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   float* const records = p.workspace;
   // The thread's accumulator columns 2 quad, 2 quad + 1 of each unit hold
   // these elements of it (the V tiles' unit order, Fmt::prefill_unit_elem).
-  constexpr bool kInOrder = Fmt::prefill_unit_elem(1) == 1 && Fmt::prefill_unit_elem(7) == 7;
+  constexpr bool kInOrder = prefill_units_in_order<Fmt>();
   const int e0 = Fmt::prefill_unit_elem(2 * quad), e1 = Fmt::prefill_unit_elem(2 * quad + 1);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
