@@ -44,6 +44,7 @@ DecodeTarget gpu_like(int64_t resident) {
   DecodeTarget t;
   t.num_sms = kH200Sms;
   t.tma = true;
+  t.l2_bytes = 50 << 20;
   t.resident_clusters = [resident](const DecodeKernelId&, int32_t) { return resident; };
   return t;
 }
@@ -246,11 +247,34 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   EXPECT_TRUE(pre.prefill);
   EXPECT_TRUE(pre.kernel().prefill);
   EXPECT_EQ(pre.head_tiles, 256);
+  EXPECT_EQ(pre.tile_band, 0);  // 8 kv heads' K and V over 8192 positions: 32 MiB, within L2
   EXPECT_EQ(pre.num_splits, 1);
   EXPECT_EQ(pre.merge, DecodeMerge::single_pass);
   EXPECT_EQ(pre.workspace_bytes, 0u);
   p.max_q_len = 16;  // verification over 8192: 8 CTAs x 8 splits fill less than half the SMs
   EXPECT_FALSE(plan_decode(p, gpu_like(1000)).prefill);
+  // The launch order's bands, where the K and V exceed L2: a wave per unit
+  // (132 CTAs over the sequences), but at least 4 bands, and at least a tile.
+  DecodeProblem longer = problem(1, 8, 4, 16384);  // 64 MiB
+  longer.max_q_len = 16384;                          // 512 tiles: a quarter, 128
+  EXPECT_EQ(plan_decode(longer, gpu_like(1000)).tile_band, 128);
+  longer.max_q_len = 1024;
+  EXPECT_EQ(plan_decode(longer, gpu_like(1000)).tile_band, 8);
+  DecodeTarget no_l2 = gpu_like(1000);
+  no_l2.l2_bytes = 0;  // unknown: tile major
+  EXPECT_EQ(plan_decode(longer, no_l2).tile_band, 0);
+  DecodeProblem ragged = problem(8, 8, 4, 4096);  // at most 128 MiB
+  ragged.max_q_len = 4096;
+  ragged.num_q_rows = 8 * 2048;
+  EXPECT_EQ(plan_decode(ragged, gpu_like(1000)).tile_band, (kH200Sms + 7) / 8);
+  ragged.max_q_len = 64;  // 2 tiles: bands of one
+  EXPECT_EQ(plan_decode(ragged, gpu_like(1000)).tile_band, 1);
+  ragged.max_q_len = 32;  // a tile per run: no CTAs share pages, the 3-D grid
+  ragged.num_q_rows = 8 * 32;
+  DecodePlanOptions on;
+  on.prefill = DecodePrefill::on;
+  EXPECT_EQ(plan_decode(ragged, gpu_like(1000), on).tile_band, 0);
+  p.max_q_len = 8192;
   // Verification over a long context: every format from 8 tokens at GQA 4
   // (32 rows), 8 CTAs split 16 ways.
   for (const KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {

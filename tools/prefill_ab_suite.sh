@@ -44,7 +44,7 @@ nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_th
 # Part 3 first: the verification shapes are issue 17's misses.
 # A group's builds: main and the variants that change its kernels (add a
 # new variant's name where it belongs).
-dq_builds=(${DQ_BUILDS:-main nvfp4_two_producers banded_above_l2})
+dq_builds=(${DQ_BUILDS:-main})
 # Verification on the prefill kernel (--prefill on; the runs kernel's times
 # are main's --prefill off rows): q_len 2-16 at GQA 4, every format.
 verify_shapes=1x2+32766,1x4+32764,1x8+32760,16x8+8184,64x8+4088,1x16+32752
@@ -53,12 +53,15 @@ ROUNDS=1 run_group 3 verify_runs_kernel "--head-dim 128 --prefill off --shapes $
 
 # Names are .deps/ab directories: main and bench/variants/<name>.patch with
 # '-' as '_' (tools/build_prefill_variants.sh); ko_* are the knockouts.
-bf16_real=(main banded_above_l2)
+bf16_real=(main)
 run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" \
   "${bf16_real[@]}" ko_no_loads ko_no_softmax ko_no_exp ko_no_pv
 # The real bf16 variants' results, once (--check: against the runs kernel).
 ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,2048+30720 --check" "${bf16_real[@]}"
 run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" "${bf16_real[@]}" ko_no_softmax ko_no_exp ko_no_loads
+# The launch order's shapes: above L2 (d256 from 4096 tokens, ragged8) and below it.
+run_group 1 order_d256 "--formats bf16,fp8,nvfp4 --head-dim 256 --shapes 1024,4096,16384,ragged8" "${bf16_real[@]}"
+run_group 1 order_d128 "--formats bf16 --head-dim 128 --shapes 4096,ragged8" "${bf16_real[@]}"
 
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
 for d in 64 256; do

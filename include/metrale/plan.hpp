@@ -105,6 +105,7 @@ struct DecodeKernelId {
 struct DecodeTarget {
   int32_t num_sms = 0;  // multiprocessors (the CPU backend: worker threads)
   bool tma = false;     // TMA tensor maps can be encoded (the driver's encoder is there)
+  int64_t l2_bytes = 0; // the L2 cache's size (0: unknown)
   // Most clusters of `cluster_size` CTAs of `kernel` resident on the GPU at
   // once; empty or 0: no cluster launches.
   std::function<int64_t(const DecodeKernelId& kernel, int32_t cluster_size)> resident_clusters;
@@ -122,11 +123,14 @@ struct DecodePlan {
   int32_t kv_units = 0;      // kv heads (or pairs) per sequence
   int32_t unit_group = 0;    // q heads per kv unit
   int32_t col_tiles = 1;     // n-tiles of 8 columns per CTA (geometry::runs_col_tiles)
-  // The prefill kernel: grid (kv_units * num_splits, num_seqs, head_tiles), a
-  // CTA per (split, kv head, sequence, tile of kPrefillRowsPerCta packed rows
-  // of its run); its splits merge through the workspace.
+  // The prefill kernel: a CTA per (split, kv head, sequence, tile of
+  // kPrefillRowsPerCta packed rows of its run): a grid (kv_units *
+  // num_splits, num_seqs, head_tiles), or where the sequences' K and V exceed
+  // L2 the same CTAs on a one-dimensional grid started in bands of tile_band
+  // tiles (docs/prefill.md); its splits merge through the workspace.
   bool prefill = false;
   int32_t head_tiles = 0;    // tiles of 8 * col_tiles columns (prefill: of 128 rows) per kv unit
+  int32_t tile_band = 0;     // prefill: row tiles per band of the launch order (0: the 3-D grid)
   int64_t ctas_per_seq = 0;  // kv_units * head_tiles
   size_t workspace_bytes = 0;  // f32 split-K workspace the run needs (merge == workspace), else 0
 

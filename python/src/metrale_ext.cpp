@@ -850,6 +850,7 @@ NB_MODULE(_metrale, m) {
       .def_prop_ro("runs_kernel", [](const DecodePlan& p) { return p.kernel().runs; })
       .def_ro("col_tiles", &DecodePlan::col_tiles)
       .def_ro("head_tiles", &DecodePlan::head_tiles)
+      .def_ro("tile_band", &DecodePlan::tile_band)
       .def_ro("prefill", &DecodePlan::prefill)
       .def("__repr__", [](const DecodePlan& p) {
         return concat("DecodePlan(num_splits=", p.num_splits, ", merge=", to_string(p.merge),

@@ -188,6 +188,29 @@ int32_t prefill_splits(const DecodeProblem& p, const DecodeTarget& target, int64
   if (2 * ctas >= target.num_sms) return 1;
   return fill_splits(ctas, attended_len(p), target.num_sms, kPrefillMinTokensPerSplit);
 }
+// The prefill kernel's launch order (kernels/prefill/prefill_kernel.cuh,
+// prefill_item) takes the row tiles in bands, longest first, and within a
+// band one kv unit's CTAs (all sequences) after another, so that the CTAs in
+// flight read few kv heads' pages, which then stay in L2. A band fills a
+// wave from one unit (num_sms CTAs), but a run has at least 4 bands: the
+// last CTAs started are then short ones. Only where every unit's K and V
+// (of the attended positions) exceed the L2; below it 0: the
+// three-dimensional grid's order (tile major, then sequence, kv unit
+// fastest), which the bands of one tile lost 2-3% to at 1024 tokens.
+// (Session 19, calls 2-3: bands everywhere lost 7-10% at 1024 tokens and 3%
+// at 4096, and gained only at head_dim 256 from 16384 tokens, 2-7%, and on
+// ragged8, 4-10%; one band, unit after unit, lost 24% at 1024. Session 20,
+// call 2: bands above L2 only, 0.99-1.00x at 1024 / 4096, 1.02-1.04x from
+// 16384 tokens, ragged8 1.04-1.13x at d128 / d256.)
+int32_t prefill_tile_band(const DecodeProblem& p, const DecodeTarget& target, int32_t head_tiles) {
+  const KvFormatDesc& f = kv_format_desc(p.layout.format);
+  const int64_t row_bytes = f.row_code_bytes(p.layout.head_dim) + f.row_scale_bytes(p.layout.head_dim);
+  const int64_t kv_bytes = 2 * row_bytes * attended_len(p) * p.layout.num_kv_heads * p.num_seqs;  // at most
+  // One tile per run (verification): no two CTAs read the same pages.
+  if (head_tiles < 2 || target.l2_bytes <= 0 || kv_bytes <= target.l2_bytes) return 0;
+  const int64_t fill = (int64_t(target.num_sms) + p.num_seqs - 1) / std::max<int64_t>(p.num_seqs, 1);
+  return int32_t(std::max<int64_t>(1, std::min<int64_t>(fill, (int64_t(head_tiles) + 3) / 4)));
+}
 // Query runs take the prefill kernel where a kv head has at least
 // kPrefillMinRows packed rows (kPrefillRowsPerCta over fewer than kPrefillShortRunsMinAttended
 // positions) and its grid (one CTA per 128 rows and split) fills half the GPU's
@@ -267,6 +290,7 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
       detail::throw_unsupported("prefill", "on", "num_seqs <= 65535 (the grid's y)");
     plan.head_tiles = int32_t(prefill_tiles);
     plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
+    plan.tile_band = prefill_tile_band(p, target, plan.head_tiles);
     plan.num_splits = opt.num_splits > 0                    ? opt.num_splits
                       : opt.merge == DecodeMerge::single_pass ? 1
                                                               : prefill_splits(p, target, plan.grid_x(p.num_seqs));

@@ -93,6 +93,7 @@ RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* wor
   p.qk_log2_scale = a.sm_scale * kLog2e * (f.k_scale(a.cache.scales) * f.operand_factor);
   p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
   p.q_start = a.q_start;
+  p.tile_band = plan.tile_band;
   p.sinks = a.sinks;
   if (a.softcap > 0.0f) {
     p.softcap_scale = a.sm_scale * (f.k_scale(a.cache.scales) * f.operand_factor) / a.softcap;
@@ -137,11 +138,19 @@ void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspac
   if (plan.prefill) {
     METRALE_CHECK_ARG(a.num_seqs <= geometry::kPrefillMaxGridYZ, "num_seqs", a.num_seqs,
                       "<= 65535 for the prefill kernel (its grid's y)");
+    // One CTA per (kv head x split, sequence, tile of a run's rows): in
+    // bands (tile_band > 0), the order prefill_kernel.cuh's prefill_item
+    // gives a one-dimensional grid, else the grid (units, sequences, tiles).
+    const unsigned units = unsigned(plan.kv_units * plan.num_splits);
+    dim3 grid(units, unsigned(a.num_seqs), unsigned(plan.head_tiles));
+    if (plan.tile_band > 0) {
+      const int64_t ctas = int64_t(units) * a.num_seqs * plan.head_tiles;
+      METRALE_CHECK_ARG(ctas <= detail::kMaxGridX, "num_seqs", a.num_seqs,
+                        "num_seqs * num_kv_heads * splits * row tiles <= 2^31-1 (the prefill kernel's grid)");
+      grid = dim3(unsigned(ctas));
+    }
     const RunParams p = make_params(plan, a, workspace);
-    // Grid (kv heads x splits, sequences, tiles of each run's rows).
-    prefill_kernels(plan.problem.layout.format)(
-        p, plan.kernel(),
-        dim3(unsigned(plan.kv_units * plan.num_splits), unsigned(a.num_seqs), unsigned(plan.head_tiles)), stream);
+    prefill_kernels(plan.problem.layout.format)(p, plan.kernel(), grid, stream);
     return;
   }
   const int64_t grid_x = plan.grid_x(a.num_seqs);
@@ -187,6 +196,9 @@ DecodeTarget decode_target() {
   const int32_t dev = current_device();
   DecodeTarget t;
   t.num_sms = num_sms(dev);
+  int l2 = 0;
+  detail::cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute");
+  t.l2_bytes = l2;
   t.tma = kernels::tma_encoder_available();
   t.resident_clusters = [](const DecodeKernelId& id, int32_t n) {
     return format_kernels(id.format).resident_clusters(id, n);

@@ -61,6 +61,7 @@ struct RunParams : DecodeParams {
   float softcap_scale;       // soft-cap c > 0: sm_scale * K factor / c (x = softcap_log2 * tanh(s * this))
   float softcap_log2;        // c * log2(e); 0: no soft-cap
   float* lse;                // [rows, num_q_heads] of the single pass, or null
+  int32_t tile_band;         // the prefill kernel's launch order: row tiles per band (plan.tile_band)
 };
 
 template <bool kRuns>

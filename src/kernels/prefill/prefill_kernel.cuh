@@ -9,9 +9,12 @@
 // rows), the packed row of query row j and q head h of the group being
 // j * group + h, so the q heads that share a kv head are served by one pass
 // over its pages (as decode packs the group on its N). Tiles are counted
-// from the run's end (blockIdx.z = 0 holds its last rows), so the CTAs with
-// the most positions to attend start first; the first tile of a run may be
-// partial. A CTA attends the positions its rows attend together, from its
+// from the run's end (tile 0 holds its last rows), so the CTAs with the
+// most positions to attend start first; the first tile of a run may be
+// partial. Where the sequences' K and V exceed L2 (p.tile_band > 0) the
+// grid is one-dimensional, in bands of tiles, kv unit after kv unit within a
+// band (prefill_item): the CTAs running at once read few kv heads' pages,
+// not every head's. A CTA attends the positions its rows attend together, from its
 // first row's window start to its last row's position, in tiles of
 // kTileTokens.
 //
@@ -49,6 +52,26 @@
 
 namespace metrale::kernels {
 
+// The CTA's item: CTA `cta` of the one-dimensional grid of units x
+// sequences x tiles (a unit: split * num_kv_heads + kv head; a run's tiles
+// counted from its end). The hardware starts CTAs in index order, so the
+// order sets what runs together and what runs last: bands of `band` tiles,
+// longest first; within a band one unit's CTAs after another's, tile major,
+// then sequence (the planner's prefill_tile_band: the CTAs in flight read
+// few kv heads' pages, which L2 then holds, and the last ones started are
+// short).
+struct PrefillItem {
+  int unit, seq, tile;
+};
+__device__ __forceinline__ PrefillItem prefill_item(unsigned cta, unsigned units, unsigned tiles, unsigned band) {
+  const unsigned seqs = gridDim.x / (units * tiles);
+  const unsigned full = units * seqs * band;  // CTAs of a whole band
+  const unsigned b = cta / full, r = cta % full;
+  const unsigned in_band = min(band, tiles - b * band);  // the last band may be short
+  const unsigned per_unit = seqs * in_band, r2 = r % per_unit;
+  return PrefillItem{int(r / per_unit), int(r2 % seqs), int(b * band + r2 / seqs)};
+}
+
 template <class Fmt, int D>
 __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     paged_prefill_kernel(const __grid_constant__ RunParams p) {
@@ -70,11 +93,17 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     return smem_base + uint32_t(Cfg::kBarOffset + 8 * ((2 * op + 1) * Cfg::kStages + s));
   };
 
-  // blockIdx.x = split * num_kv_heads + kv head (split-K: p.num_splits > 1).
-  const int kv_head = int(blockIdx.x % unsigned(p.num_kv_heads));
-  const int split = int(blockIdx.x / unsigned(p.num_kv_heads));
-  const int64_t seq = blockIdx.y;
-  const int tile = blockIdx.z;  // from the run's end
+  // unit = split * num_kv_heads + kv head (split-K: p.num_splits > 1); a
+  // three-dimensional grid (tile_band 0) is (unit, sequence, tile).
+  const PrefillItem item =
+      p.tile_band > 0
+          ? prefill_item(blockIdx.x, unsigned(p.num_kv_heads * p.num_splits), unsigned(p.head_tiles),
+                         unsigned(p.tile_band))
+          : PrefillItem{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  const int kv_head = item.unit % p.num_kv_heads;
+  const int split = item.unit / p.num_kv_heads;
+  const int64_t seq = item.seq;
+  const int tile = item.tile;  // from the run's end
 
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 

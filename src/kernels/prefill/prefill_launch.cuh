@@ -24,7 +24,7 @@ struct PrefillInstance {
   }
 };
 
-// Grid (kv heads, sequences, tiles of each run's packed rows).
+// Grid (kv units, sequences, row tiles), or one-dimensional in bands (prefill_item).
 template <class Fmt>
 void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, cudaStream_t stream) {
   auto go = [&](auto inst) {
