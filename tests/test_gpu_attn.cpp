@@ -249,12 +249,14 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
       DecodePlanOptions o;  // forced single pass, forced splits, the planner's choice
       o.prefill = variant < 2 ? DecodePrefill::on : DecodePrefill::automatic;
       if (variant == 1) o.num_splits = int32_t(2 + rng() % 11);
+      // The launch orders: the planner's, the 3-D grid, bands of 1-4 tiles.
+      if (variant < 2) o.tile_band = int32_t(pick(rng, -1, 0, 1, 2, 4));
       const bool with_lse = rng() % 2;
       EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
       const std::vector<float> lse = dr.lse_host();
       expect_runs_match(rp, dr.out_host(),
                         std::string(dr.plan.prefill ? "prefill kernel" : "runs kernel") + ", splits " +
-                            std::to_string(dr.plan.num_splits),
+                            std::to_string(dr.plan.num_splits) + ", tile band " + std::to_string(dr.plan.tile_band),
                         with_lse ? &lse : nullptr);
     }
     if (HasFailure()) break;
@@ -309,14 +311,16 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     for (size_t i = 0; i < other.size(); ++i) ref[i] = codec::bf16_to_float(other[i]);
     const Comparison cmp = compare_decode(out.data(), ref, rp.rows(), c.num_q_heads(), c.head_dim, 2e-2);
     EXPECT_TRUE(cmp.ok) << "prefill kernel against the runs kernel: " << cmp.report;
-    // Split-K through the workspace, every row against the single pass.
+    // Split-K through the workspace, every row against the single pass, in
+    // bands of tiles (the order above L2) or the 3-D grid.
     o.prefill = DecodePrefill::on;
     o.num_splits = int32_t(2 + rng() % 15);
+    o.tile_band = int32_t(pick(rng, 0, 1, 3, 8, 64));
     EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
     const std::vector<bf16> split = dr.out_host();
     const Comparison cmp_split = compare_decode(split.data(), ref, rp.rows(), c.num_q_heads(), c.head_dim, 2e-2);
-    EXPECT_TRUE(cmp_split.ok) << "prefill kernel, " << o.num_splits << " splits, against the runs kernel: "
-                              << cmp_split.report;
+    EXPECT_TRUE(cmp_split.ok) << "prefill kernel, " << o.num_splits << " splits, tile band " << dr.plan.tile_band
+                              << ", against the runs kernel: " << cmp_split.report;
     if (HasFailure()) break;
   }
 }

@@ -274,6 +274,15 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   DecodePlanOptions on;
   on.prefill = DecodePrefill::on;
   EXPECT_EQ(plan_decode(ragged, gpu_like(1000), on).tile_band, 0);
+  on.tile_band = 3;  // forced: at most the plan's tiles (one here)
+  EXPECT_EQ(plan_decode(ragged, gpu_like(1000), on).tile_band, 1);
+  on.tile_band = 0;
+  EXPECT_EQ(plan_decode(longer, gpu_like(1000), on).tile_band, 0);
+  on.tile_band = -2;
+  EXPECT_THROW(plan_decode(longer, gpu_like(1000), on), InvalidArgument);
+  on = {};
+  on.tile_band = 2;  // only for the prefill kernel
+  EXPECT_THROW(plan_decode(longer, gpu_like(1000), on), Unsupported);
   p.max_q_len = 8192;
   // Verification over a long context: every format from 8 tokens at GQA 4
   // (32 rows), 8 CTAs split 16 ways.

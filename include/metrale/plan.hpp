@@ -86,6 +86,10 @@ struct DecodePlanOptions {
   DecodeMerge merge = DecodeMerge::automatic;
   int32_t col_tiles = 0;  // runs kernel: 0 = the planner's; 1 or 2 n-tiles of 8 columns per CTA
   DecodePrefill prefill = DecodePrefill::automatic;  // on: query runs in the prefill kernel
+  // The prefill kernel's launch order (prefill on only): -1 = the planner's;
+  // 0 = the 3-D grid; n > 0 = bands of n row tiles on a 1-D grid (at most
+  // the plan's head_tiles).
+  int32_t tile_band = -1;
 };
 
 // One decode kernel instantiation: format x the kernel's head_dim (128 for a

@@ -269,6 +269,9 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
 
   // The prefill kernel: tiles of kPrefillRowsPerCta packed rows, split-K where its grid is short.
   const int64_t prefill_tiles = (columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta;
+  METRALE_CHECK_ARG(opt.tile_band >= -1, "tile_band", opt.tile_band, ">= -1 (-1: the planner's order)");
+  if (opt.tile_band >= 0 && opt.prefill != DecodePrefill::on)
+    detail::throw_unsupported("tile_band", opt.tile_band, "-1 unless prefill is on (the prefill kernel's launch order)");
   switch (opt.prefill) {
     case DecodePrefill::automatic:
       plan.prefill = prefill_takes(p, target, plan.kv_units, columns, prefill_tiles, opt);
@@ -290,7 +293,8 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
       detail::throw_unsupported("prefill", "on", "num_seqs <= 65535 (the grid's y)");
     plan.head_tiles = int32_t(prefill_tiles);
     plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
-    plan.tile_band = prefill_tile_band(p, target, plan.head_tiles);
+    plan.tile_band = opt.tile_band >= 0 ? std::min(opt.tile_band, plan.head_tiles)
+                                        : prefill_tile_band(p, target, plan.head_tiles);
     plan.num_splits = opt.num_splits > 0                    ? opt.num_splits
                       : opt.merge == DecodeMerge::single_pass ? 1
                                                               : prefill_splits(p, target, plan.grid_x(p.num_seqs));
