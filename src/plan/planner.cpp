@@ -193,8 +193,9 @@ int32_t prefill_splits(const DecodeProblem& p, const DecodeTarget& target, int64
 // band one kv unit's CTAs (all sequences) after another, so that the CTAs in
 // flight read few kv heads' pages, which then stay in L2. A band fills a
 // wave from one unit (num_sms CTAs), but a run has at least 4 bands: the
-// last CTAs started are then short ones. Only where every unit's K and V
-// (of the attended positions) exceed the L2; below it 0: the
+// last CTAs started are then short ones. Only where the sequences' K and V
+// (every kv head's, of the attended positions: an upper bound) exceed the
+// L2; below it 0: the
 // three-dimensional grid's order (tile major, then sequence, kv unit
 // fastest), which the bands of one tile lost 2-3% to at 1024 tokens.
 // (Session 19, calls 2-3: bands everywhere lost 7-10% at 1024 tokens and 3%
