@@ -10,12 +10,13 @@
 #      kernel against its runs kernel, rel. L2 <= 2e-2, no NaN), the runs
 #      kernel at q_len 2 and 4 over fp8 / NVFP4, and ncu of main's bf16;
 #   3. the verification shapes (q_len 2-16) of every format on the prefill
-#      kernel of each build, and on main's runs kernel, with --check.
+#      kernel of each build, and on main's runs kernel, with --check;
+#   4. main's launch orders, forced (--tile-band), at d128 and d256.
 # A group names builds by their .deps/ab directory; missing ones are left out.
 #
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
 #   SUITE_PART=1 (group 1), 2 (the dequantising prompts, the runs kernel and
-#   ncu), 3 (verification), a list ("3 1 2": the groups run in the order 3, 1, 2), or all: the
+#   ncu), 3 (verification), 4 (main's launch orders, forced), a list ("3 1 2": the groups run in the order 3, 1, 2), or all: the
 #   whole suite may not fit one 10-minute call; SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh;
 #   DQ_BUILDS (a space-separated list) replaces the dequantising group's builds
 set -uo pipefail
@@ -80,6 +81,26 @@ if [ "${SUITE_NCU:-1}" = 1 ] && wants 2; then
   echo "ncu rc $?"
   mv "$OUT/prefill_ncu.log" "$OUT/prefill_ncu_sass.csv.gz" "$OUT/logs/"
 fi
-# The device tool returns few files: the tables as they are, the logs (and
-# ncu's per-instruction CSV, for tools/ncu_sass_stalls.py) in one archive.
-(cd "$OUT" && tar czf results.tgz logs && rm -rf logs)
+# Part 4: main's own launch orders, forced (prefill_bench --tile-band; no
+# build): the planner's against the 3-D grid and bands of 8 / 16 / 32 tiles,
+# where the planner bands (above L2: bf16 d128 from 16384, the chunk,
+# ragged8; d256 from 8192). Session 20, call 5 (one round): bf16 16384 549
+# TFLOPS with bands of 8 against 530 with the planner's 128.
+if wants 4 && [ -f "$AB/main/prefill_bench.xz" ]; then
+  m=$AB/main/prefill_bench.xz
+  for d in 128 256; do
+    { echo "== launch orders d$d"
+      PREFILL_AB_ARGS_grid="--prefill on --tile-band 0" PREFILL_AB_ARGS_band8="--prefill on --tile-band 8" \
+        PREFILL_AB_ARGS_band16="--prefill on --tile-band 16" PREFILL_AB_ARGS_band32="--prefill on --tile-band 32" \
+        ROUNDS=${ROUNDS:-3} PREFILL_AB_TESTS=0 \
+        PREFILL_AB_ARGS="--formats bf16,fp8,nvfp4 --head-dim $d --shapes 16384,2048+30720,ragged8" \
+        tools/prefill_ab.sh "$OUT/logs/orders_d$d" planner="$m" grid="$m" band8="$m" band16="$m" band32="$m"; } 2>&1 |
+      tee "$OUT/ab_orders_d$d.txt"
+  done
+fi
+# The device tool returns 8 files (session 20, call 1, lost its verification
+# table): every table in one (suite_tables.txt, in the order the groups
+# ran), the tables one by one with the logs (and ncu's per-instruction CSV,
+# for tools/ncu_sass_stalls.py) in one archive.
+(cd "$OUT" && { ls -tr ab_*.txt 2>/dev/null | xargs -r cat; } >suite_tables.txt && { mv ab_*.txt logs/ 2>/dev/null; true; } &&
+  tar czf results.tgz logs && rm -rf logs)
