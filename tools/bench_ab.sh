@@ -5,7 +5,7 @@
 # drift fall on both; then tools/compare_bench.py prints, per row, the best
 # time of each binary over the rounds and B / A.
 #
-#   tools/bench_ab.sh A_BENCH B_BENCH OUT_DIR
+#   tools/bench_ab.sh A_BENCH B_BENCH OUT_DIR     (BENCH_AB_WRITE=0: decode only)
 set -uo pipefail
 A=$1 B=$2 OUT=$3
 mkdir -p "$OUT"
@@ -13,7 +13,8 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   for side in A B; do
     bin=$A; [ $side = B ] && bin=$B
     "$bin" ${BENCH_ARGS:-} --csv "$OUT/decode_${side}_$r.csv" >"$OUT/decode_${side}_$r.log" 2>&1
-    "$bin" ${BENCH_ARGS:-} --op write --csv "$OUT/write_${side}_$r.csv" >"$OUT/write_${side}_$r.log" 2>&1
+    [ "${BENCH_AB_WRITE:-1}" = 1 ] &&
+      "$bin" ${BENCH_ARGS:-} --op write --csv "$OUT/write_${side}_$r.csv" >"$OUT/write_${side}_$r.log" 2>&1
   done
 done
 python3 "$(dirname "$0")/compare_bench.py" "$OUT" | tee "$OUT/ab.txt"

@@ -22,6 +22,8 @@ worst = 0.0
 for op in ("decode", "write"):
     a, ca = best(sorted(glob.glob(os.path.join(out, f"{op}_A_*.csv"))))
     b, cb = best(sorted(glob.glob(os.path.join(out, f"{op}_B_*.csv"))))
+    if not ca or not cb:
+        continue  # not run (bench_ab.sh BENCH_AB_WRITE=0) or failed: its logs say
     print(f"## {op}: R (A) {min(ca):.0f}-{max(ca):.0f} GB/s, R (B) {min(cb):.0f}-{max(cb):.0f} GB/s")
     print(f"{'shape':<40} {'A us':>9} {'B us':>9} {'B/A':>7}")
     for key in a:

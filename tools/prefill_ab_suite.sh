@@ -11,7 +11,10 @@
 #      kernel at q_len 2 and 4 over fp8 / NVFP4, and ncu of main's bf16;
 #   3. the verification shapes (q_len 2-16) of every format on the prefill
 #      kernel of each build, and on main's runs kernel, with --check;
-#   4. main's launch orders, forced (--tile-band), at d128 and d256.
+#   4. main's launch orders, forced (--tile-band), at d128 and d256;
+#   5. decode and the runs kernel at the q_len table's shapes (metrale_bench,
+#      q_len 1 / 2 / 4 / 8, every format) of the builds that change them
+#      against main (tools/bench_ab.sh).
 # A group names builds by their .deps/ab directory; missing ones are left out.
 #
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
@@ -96,6 +99,24 @@ if wants 4 && [ -f "$AB/main/prefill_bench.xz" ]; then
         PREFILL_AB_ARGS="--formats bf16,fp8,nvfp4 --head-dim $d --shapes 16384,2048+30720,ragged8" \
         tools/prefill_ab.sh "$OUT/logs/orders_d$d" planner="$m" grid="$m" band8="$m" band16="$m" band32="$m"; } 2>&1 |
       tee "$OUT/ab_orders_d$d.txt"
+  done
+fi
+# Part 5: the builds that change decode or the runs kernel, against main at
+# the q_len table's shapes (tools/bench_ab.sh: rounds alternate the two).
+runs_builds=(${RUNS_BUILDS:-runs_pinned_offsets})
+if wants 5 && [ -f "$AB/main/metrale_bench.xz" ]; then
+  bins=${PREFILL_AB_BINS:-/tmp/prefill_ab_bins}
+  mkdir -p "$bins"
+  [ -x "$bins/mb_main" ] || tools/unxz.sh "$AB/main/metrale_bench.xz" "$bins/mb_main"
+  for n in "${runs_builds[@]}"; do
+    [ -f "$AB/$n/metrale_bench.xz" ] || continue
+    [ -x "$bins/mb_$n" ] || tools/unxz.sh "$AB/$n/metrale_bench.xz" "$bins/mb_$n"
+    for q in 1 2 4 8; do
+      { echo "== $n against main, q_len $q (B = $n)"
+        BENCH_AB_WRITE=0 BENCH_ARGS="--formats bf16,fp8,nvfp4 --shapes 1x32768,16x8192,64x4096 --q-len $q" \
+          tools/bench_ab.sh "$bins/mb_main" "$bins/mb_$n" "$OUT/logs/runs_${n}_q$q"; } 2>&1 |
+        tee "$OUT/ab_runs_${n}_q$q.txt"
+    done
   done
 fi
 # The device tool returns 8 files (session 20, call 1, lost its verification
