@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds prefill_bench, metrale_bench (decode and the runs kernel at the
-# q_len table's shapes) and test_gpu_attn for main (the tree as committed)
+# q_len table's shapes), test_gpu_attn and test_gpu_decode for main (the
+# tree as committed)
 # and for each variant patch (bench/variants/*.patch, applied to it) in the
 # build tree `build/` (incremental: git apply, and apply -R after it, give
 # the patched files new times, so ninja recompiles what they reach),
@@ -26,7 +27,7 @@ for v in "$@"; do
     applied=$v
   fi
   bins=(build/bench/prefill_bench)
-  case $name in ko-*) ;; *) bins+=(build/bench/metrale_bench build/tests/test_gpu_attn) ;; esac
+  case $name in ko-*) ;; *) bins+=(build/bench/metrale_bench build/tests/test_gpu_attn build/tests/test_gpu_decode) ;; esac
   ninja -C build "${bins[@]#build/}" >/dev/null
   dir=".deps/ab/$(echo "$name" | tr -c 'A-Za-z0-9_\n' '_')"  # a shell name: PREFILL_AB_ARGS_<name>
   rm -rf "$dir" && mkdir -p "$dir"
