@@ -19,9 +19,11 @@
 #
 #   OUT=... tools/prefill_ab_suite.sh        (device_run.sh style: carry ".deps/ab")
 #   SUITE_PART=1 (group 1), 2 (the dequantising prompts, the runs kernel and
-#   ncu), 3 (verification), 4 (main's launch orders, forced), a list ("3 1 2": the groups run in the order 3, 1, 2), or all: the
+#   ncu), 3 (verification), 4 (main's launch orders, forced), 5 (decode and
+#   the runs kernel), a list ("3 1 2": the groups run in the order 3, 1, 2), or all: the
 #   whole suite may not fit one 10-minute call; SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh;
-#   DQ_BUILDS (a space-separated list) replaces the dequantising group's builds
+#   DQ_BUILDS / RUNS_BUILDS (space-separated lists) replace the dequantising
+#   group's builds / part 5's variants
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -63,9 +65,6 @@ run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,20
 # The real bf16 variants' results, once (--check: against the runs kernel).
 ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,2048+30720 --check" "${bf16_real[@]}"
 run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" "${bf16_real[@]}" ko_no_softmax ko_no_exp ko_no_loads
-# The launch order's shapes: above L2 (d256 from 4096 tokens, ragged8) and below it.
-run_group 1 order_d256 "--formats bf16,fp8,nvfp4 --head-dim 256 --shapes 1024,4096,16384,ragged8" "${bf16_real[@]}"
-run_group 1 order_d128 "--formats bf16 --head-dim 128 --shapes 4096,ragged8" "${bf16_real[@]}"
 
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
 for d in 64 256; do
