@@ -22,8 +22,8 @@
 #   ncu), 3 (verification), 4 (main's launch orders, forced), 5 (decode and
 #   the runs kernel), a list ("3 1 2": the groups run in the order 3, 1, 2), or all: the
 #   whole suite may not fit one 10-minute call; SUITE_NCU=0 leaves out ncu; ROUNDS (2) as in prefill_ab.sh;
-#   DQ_BUILDS / RUNS_BUILDS (space-separated lists) replace the dequantising
-#   group's builds / part 5's variants
+#   DQ_BUILDS (space-separated) replaces the dequantising group's builds;
+#   RUNS_BUILDS (space-separated, none by default) names part 5's variants
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -102,7 +102,7 @@ if wants 4 && [ -f "$AB/main/prefill_bench.xz" ]; then
 fi
 # Part 5: the builds that change decode or the runs kernel, against main at
 # the q_len table's shapes (tools/bench_ab.sh: rounds alternate the two).
-runs_builds=(${RUNS_BUILDS:-runs_pinned_offsets})
+runs_builds=(${RUNS_BUILDS:-})
 if wants 5 && [ -f "$AB/main/metrale_bench.xz" ]; then
   bins=${PREFILL_AB_BINS:-/tmp/prefill_ab_bins}
   mkdir -p "$bins"

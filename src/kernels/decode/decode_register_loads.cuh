@@ -67,6 +67,23 @@ struct RegisterLoads {
     for (int t = 0; t < 2; ++t) ks_off[t] = scale_head + (g + 8 * t) * srow + c * kKScalesPerVec;
 #pragma unroll
     for (int t = 0; t < 4; ++t) vs_off[t] = scale_head + (2 * c + Cfg::vtok(t)) * srow + v_grp;
+    // NVFP4 keeps them: in the runs kernel ptxas recomputed them at every
+    // step group instead (their IMADs, and SHFs for the 64-bit address: 75
+    // of the d128 loop's 2192 instructions, session 20's ncu and SASS),
+    // though it had the registers (228; pinned, 238).
+    if constexpr (Fmt::kScaled) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) k_off[t] = pinned(k_off[t]), ks_off[t] = pinned(ks_off[t]);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) v_off[t] = pinned(v_off[t]), vs_off[t] = pinned(vs_off[t]);
+    }
+  }
+  // The value through an instruction ptxas cannot see through: it keeps
+  // the result in a register rather than recomputing it where it is used.
+  static __device__ __forceinline__ int32_t pinned(int32_t x) {
+    int32_t y;
+    asm volatile("prmt.b32 %0, %1, 0, 0x3210;" : "=r"(y) : "r"(x));
+    return y;
   }
 
   // Issues the loads of the warp's step group k (steps st0 .. st0+U-1) into
