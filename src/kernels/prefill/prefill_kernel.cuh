@@ -163,19 +163,34 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   auto p0_of = [&](int t) { return p_begin + t * kN; };
   // The dequantising formats' loads of steps first, first + step, ... (one
   // warpgroup, pt its thread; a solo CTA has two such producers, below).
-  auto produce_dequant = [&](int first, int step, int pt) {
+  // same_tile (std::bool_constant): each step fetches K and V of one tile,
+  // both from the row located a step ahead. A solo CTA's two NVFP4
+  // producers do so: they take every other step, so V of t - 1 would be a
+  // tile the other one located, and locating it again put a block-table
+  // load before V's fetch in every step (ncu, session 21: the loads' waits
+  // were 26% of the samples at 64 x 8 over 4096). NVFP4 verification of 8
+  // tokens ran 1.05-1.06x at 16 x 8192 and 64 x 4096, 1.01x at 1 x 32768;
+  // fp8 0.98-0.99x (its faster producers then wait longer for V's stage,
+  // which the consumers give back a step after K's), so fp8 keeps the
+  // order. Alone, a producer keeps the consumers' order (V of t - kVLag
+  // after K of t).
+  constexpr bool kPairSameTile = Fmt::kBits == 4;
+  auto produce_dequant = [&](auto same_tile, int first, int step, int pt) {
     if constexpr (!Loader::kTma) {
+      constexpr int kLag = decltype(same_tile)::value ? 0 : kVLag;
       // Each step's K row is located a step ahead (its block-table load runs
       // under the step before), so K's fetch waits for its data alone, not
       // for a table load first.
       PrefillRowAt at_k = Loader::at(rows, p0_of(first), pt);
-      for (int t = first; t < num_tiles + kVLag; t += step) {
+      for (int t = first; t < num_tiles + kLag; t += step) {
         typename Loader::Raw rk, rv;
-        const int tv = t - kVLag;
-        // All of the step's loads in flight while the stages drain (V's
-        // row located again rather than kept: the producer's registers).
+        const int tv = t - kLag;
+        // All of the step's loads in flight while the stages drain (with a
+        // lag, V's row located again rather than kept: the producer's
+        // registers).
         if (t < num_tiles) Loader::fetch(p.k_cache, p, at_k, pt, rk);
-        if (!Cfg::kFetchSplit && tv >= 0) Loader::fetch(p.v_cache, p, Loader::at(rows, p0_of(tv), pt), pt, rv);
+        if (!Cfg::kFetchSplit && tv >= 0)
+          Loader::fetch(p.v_cache, p, kLag == 0 ? at_k : Loader::at(rows, p0_of(tv), pt), pt, rv);
         const PrefillRowAt at_this = at_k;
         at_k = Loader::at(rows, p0_of(t + step), pt);
         if (t < num_tiles) {
@@ -229,7 +244,14 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
         grp = grp_next;
       }
     } else {
-      produce_dequant(0, pair ? 2 : 1, pt);
+      // (Without a lag, one copy of the loop: a second one spilled at
+      // head_dim 256.)
+      if constexpr (kVLag == 0 || !kPairSameTile)
+        produce_dequant(std::false_type{}, 0, pair ? 2 : 1, pt);
+      else if (pair)
+        produce_dequant(std::true_type{}, 0, 2, pt);
+      else
+        produce_dequant(std::false_type{}, 0, 1, pt);
     }
     return;
   }
@@ -241,7 +263,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     // A solo CTA of a dequantising format: consumer 0 produces the odd
     // steps, the producer the even ones, two tiles in flight where one
     // producer's loads, waited for one tile at a time, set the pace.
-    if constexpr (!Loader::kTma) produce_dequant(1, 2, int(threadIdx.x % 128));
+    if constexpr (!Loader::kTma) produce_dequant(std::bool_constant<kPairSameTile>{}, 1, 2, int(threadIdx.x % 128));
     return;
   }
   const int ct = threadIdx.x % 128;          // the thread in its warpgroup
