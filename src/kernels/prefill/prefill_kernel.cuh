@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
         if (t < num_tiles) Loader::fetch(p.k_cache, p, at_k, pt, rk);
         if (!Cfg::kFetchSplit && tv >= 0)
           Loader::fetch(p.v_cache, p, kLag == 0 ? at_k : Loader::at(rows, p0_of(tv), pt), pt, rv);
-        const PrefillRowAt at_this = at_k;
+        [[maybe_unused]] const PrefillRowAt at_this = at_k;  // V's row where V is fetched after K's store
         at_k = Loader::at(rows, p0_of(t + step), pt);
         if (t < num_tiles) {
           const int s = t % Cfg::kStages;
