@@ -167,13 +167,13 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // both from the row located a step ahead. A solo CTA's two NVFP4
   // producers do so: they take every other step, so V of t - 1 would be a
   // tile the other one located, and locating it again put a block-table
-  // load before V's fetch in every step (ncu, session 21: the loads' waits
-  // were 26% of the samples at 64 x 8 over 4096). NVFP4 verification of 8
-  // tokens ran 1.05-1.06x at 16 x 8192 and 64 x 4096, 1.01x at 1 x 32768;
-  // fp8 0.98-0.99x (its faster producers then wait longer for V's stage,
-  // which the consumers give back a step after K's), so fp8 keeps the
-  // order. Alone, a producer keeps the consumers' order (V of t - kVLag
-  // after K of t).
+  // load before V's fetch in every step (ncu, session 21: the waits for the
+  // table loads were 15% of the samples at 64 x 8 over 4096, half of them
+  // V's). NVFP4 verification of 8 tokens ran 1.05-1.06x at 16 x 8192 and
+  // 64 x 4096, 1.01x at 1 x 32768; fp8 0.98-0.99x (its faster producers
+  // then wait longer for V's stage, which the consumers give back a step
+  // after K's), so fp8 keeps the order. Alone, a producer keeps the
+  // consumers' order (V of t - kVLag after K of t).
   constexpr bool kPairSameTile = Fmt::kBits == 4;
   auto produce_dequant = [&](auto same_tile, int first, int step, int pt) {
     if constexpr (!Loader::kTma) {
