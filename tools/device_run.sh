@@ -140,6 +140,7 @@ if [ "${PREFILL_BENCH:-0}" = 1 ]; then
         tee -a "$OUT/prefill.log"
     fi
   done
+  python3 tools/prefill_tables.py "$OUT/prefill.log" >"$OUT/prefill_tables.md" 2>&1
 fi
 # The prefill variants in .deps/ab (tools/build_prefill_variants.sh): each
 # one's test_gpu_attn, then their prefill_bench in alternating rounds
