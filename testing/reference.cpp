@@ -2,12 +2,15 @@
 #include "testing/reference.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace metrale::test {
 namespace {
@@ -44,14 +47,16 @@ const uint8_t* page_of(const DecodeArgs& a, bool is_v, int32_t seq, int32_t pos)
   return static_cast<const uint8_t*>(is_v ? a.cache.v : a.cache.k) + id * l.page_stride_bytes;
 }
 
-// Sequences are independent: spread them over the host's cores.
+// Runs `work(i)` for i in [0, n) on the host's cores, each core taking the
+// next i as it finishes one (the items' costs differ by orders of magnitude).
 template <class F>
-void for_each_seq(int32_t S, const F& one_seq) {
-  const int32_t workers = std::max(1, std::min<int32_t>(S, int32_t(std::thread::hardware_concurrency())));
+void parallel_for(size_t n, const F& work) {
+  const size_t workers = std::max<size_t>(1, std::min<size_t>(n, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
   std::vector<std::thread> pool;
-  for (int32_t w = 0; w < workers; ++w)
-    pool.emplace_back([&, w] {
-      for (int32_t s = w; s < S; s += workers) one_seq(s);
+  for (size_t w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      for (size_t i = next++; i < n; i = next++) work(i);
     });
   for (auto& t : pool) t.join();
 }
@@ -92,55 +97,71 @@ std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& row
   const double ninf = -std::numeric_limits<double>::infinity();
   std::vector<double> out(size_t(a.num_q_rows) * Hq * D, 0.0);
   if (lse) lse->assign(size_t(a.num_q_rows) * Hq, ninf);
-  auto one_seq = [&](int32_t s) {
-    const int32_t L = a.seq_lens[s];
-    const int32_t r0 = a.q_start ? a.q_start[s] : s, n = a.q_start ? a.q_start[s + 1] - r0 : 1;
-    if (L < 0 || n > std::max(L, 1) || int64_t(L) > int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size)
+  auto run_of = [&](int32_t s) {  // (first row, rows) of sequence s's run
+    return std::pair<int32_t, int32_t>{a.q_start ? a.q_start[s] : s, a.q_start ? a.q_start[s + 1] - a.q_start[s] : 1};
+  };
+  // The work: (sequence, kv head, a block of its run's rows), checked here
+  // rather than on the worker threads (a throw there ends the process).
+  constexpr int32_t kRowBlock = 16;
+  struct Item {
+    int32_t s, kvh, j0, j1;
+  };
+  std::vector<Item> items;
+  for (int32_t s = 0; s < a.num_seqs; ++s) {
+    const int32_t L = a.seq_lens[s], n = run_of(s).second;
+    if (L < 0 || n > std::max(L, 1) ||
+        int64_t(L) > int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size)
       throw std::invalid_argument("attention_runs_f64: sequence " + std::to_string(s) + " does not fit its row");
-    // Rows from the first row's first attended position on (base); row t at t - base.
-    const int32_t base = a.sliding_window > 0 ? std::max(0, L - n + 1 - a.sliding_window) : 0;
-    std::vector<double> k(size_t(L - base) * D), v(size_t(L - base) * D);
-    for (int32_t kvh = 0; kvh < H; ++kvh) {
-      for (int32_t t = base; t < L; ++t) rows(s, t, kvh, &k[size_t(t - base) * D], &v[size_t(t - base) * D]);
-      for (int32_t j = 0; j < n; ++j) {
-        const int32_t pos = L - n + j;  // this row's position; it attends [first, pos]
-        const int32_t first = a.sliding_window > 0 ? std::max(0, pos + 1 - a.sliding_window) : 0;
-        for (int32_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const bf16* q = a.q + size_t(r0 + j) * a.q_stride + size_t(h) * D;
-          double* o = out.data() + (size_t(r0 + j) * Hq + h) * D;
-          std::vector<double> logit;
-          bool nan = false;
-          double mx = ninf;
-          for (int32_t t = first; t <= pos; ++t) {
-            double dot = 0.0;
-            for (int32_t d = 0; d < D; ++d) dot += double(codec::bf16_to_float(q[d])) * k[size_t(t - base) * D + d];
-            double z = dot * double(a.sm_scale);
-            if (a.softcap > 0.0f) z = double(a.softcap) * std::tanh(z / double(a.softcap));
-            nan |= std::isnan(z);
-            mx = std::max(mx, z);
-            logit.push_back(z);
-          }
-          double* row_lse = lse ? &(*lse)[size_t(r0 + j) * Hq + h] : nullptr;
-          if (nan) {
-            std::fill(o, o + D, kNaN);
-            if (row_lse) *row_lse = kNaN;
-            continue;
-          }
-          if (logit.empty()) continue;  // nothing attended: 0, lse -inf
-          double sum = 0.0;
-          for (double z : logit) sum += std::exp(z - mx);
-          if (row_lse) *row_lse = mx + std::log(sum);
-          const double sink = a.sinks ? double(a.sinks[h]) : ninf;
-          const double M = std::max(mx, sink);
-          double denom = (sink == ninf ? 0.0 : std::exp(sink - M));
-          for (double z : logit) denom += std::exp(z - M);
-          for (size_t i = 0; i < logit.size(); ++i)
-            for (int32_t d = 0; d < D; ++d) o[d] += std::exp(logit[i] - M) / denom * v[size_t(first - base + i) * D + d];
+    for (int32_t kvh = 0; kvh < H; ++kvh)
+      for (int32_t j0 = 0; j0 < n; j0 += kRowBlock) items.push_back({s, kvh, j0, std::min(n, j0 + kRowBlock)});
+  }
+  auto first_of = [&](int32_t pos) { return a.sliding_window > 0 ? std::max(0, pos + 1 - a.sliding_window) : 0; };
+  parallel_for(items.size(), [&](size_t i) {
+    const Item it = items[i];
+    const int32_t L = a.seq_lens[it.s];
+    const auto [r0, n] = run_of(it.s);
+    // The block's rows attend positions base .. its last row's position.
+    const int32_t base = first_of(L - n + it.j0), end = L - n + it.j1;
+    std::vector<double> k(size_t(std::max(end - base, 0)) * D), v(k.size());
+    for (int32_t t = base; t < end; ++t) rows(it.s, t, it.kvh, &k[size_t(t - base) * D], &v[size_t(t - base) * D]);
+    std::vector<double> logit;
+    for (int32_t j = it.j0; j < it.j1; ++j) {
+      const int32_t pos = L - n + j;  // this row's position; it attends [first, pos]
+      const int32_t first = first_of(pos);
+      for (int32_t h = it.kvh * group; h < (it.kvh + 1) * group; ++h) {
+        const bf16* q = a.q + size_t(r0 + j) * a.q_stride + size_t(h) * D;
+        double* o = out.data() + (size_t(r0 + j) * Hq + h) * D;
+        logit.clear();
+        bool nan = false;
+        double mx = ninf;
+        for (int32_t t = first; t <= pos; ++t) {
+          double dot = 0.0;
+          for (int32_t d = 0; d < D; ++d) dot += double(codec::bf16_to_float(q[d])) * k[size_t(t - base) * D + d];
+          double z = dot * double(a.sm_scale);
+          if (a.softcap > 0.0f) z = double(a.softcap) * std::tanh(z / double(a.softcap));
+          nan |= std::isnan(z);
+          mx = std::max(mx, z);
+          logit.push_back(z);
         }
+        double* row_lse = lse ? &(*lse)[size_t(r0 + j) * Hq + h] : nullptr;
+        if (nan) {
+          std::fill(o, o + D, kNaN);
+          if (row_lse) *row_lse = kNaN;
+          continue;
+        }
+        if (logit.empty()) continue;  // nothing attended: 0, lse -inf
+        double sum = 0.0;
+        for (double z : logit) sum += std::exp(z - mx);
+        if (row_lse) *row_lse = mx + std::log(sum);
+        const double sink = a.sinks ? double(a.sinks[h]) : ninf;
+        const double M = std::max(mx, sink);
+        double denom = (sink == ninf ? 0.0 : std::exp(sink - M));
+        for (double z : logit) denom += std::exp(z - M);
+        for (size_t e = 0; e < logit.size(); ++e)
+          for (int32_t d = 0; d < D; ++d) o[d] += std::exp(logit[e] - M) / denom * v[size_t(first - base + e) * D + d];
       }
     }
-  };
-  for_each_seq(a.num_seqs, one_seq);
+  });
   return out;
 }
 

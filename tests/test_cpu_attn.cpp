@@ -37,10 +37,11 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
     rp.softcap = float(pick(rng, 0, 0, 5, 30)) / 10.0f * 10.0f;
     SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
                  (rp.sinks.empty() ? "" : " sinks"));
+    const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every path below
     std::vector<bf16> out = poisoned_bf16(rp.out_elems());
     std::vector<float> lse(size_t(rp.rows()) * c.num_q_heads(), 12345.0f);
     cpu::paged_attn(rp.args(out.data(), lse.data()));
-    expect_runs_match(rp, out, "single pass", &lse);
+    expect_runs_match(rp, ref, out, "single pass", &lse);
     // The sampled-rows reference (each row as the decode of its prefix, for
     // the GPU's runs too long for the whole reference) agrees on the same output.
     std::vector<int32_t> sample;
@@ -55,7 +56,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
       const PagedAttnArgs a = rp.args(out.data(), lse.data());
       cpu::paged_attn_splitk(a, w);
       cpu::paged_decode_attn_reduce(reduce_args_for(a, w));
-      expect_runs_match(rp, out, "split-K " + std::to_string(ns), &lse);
+      expect_runs_match(rp, ref, out, "split-K " + std::to_string(ns), &lse);
     }
     // The planner's plan, for the batch's longest run.
     DecodeProblem prob = decode_problem(rp.args(nullptr));
@@ -65,7 +66,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
     std::vector<float> ws(plan.workspace_bytes / 4 + 4);
     out = poisoned_bf16(rp.out_elems());
     cpu::run_attn(plan, rp.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
-    expect_runs_match(rp, out, "run_attn, " + std::to_string(plan.num_splits) + " splits");
+    expect_runs_match(rp, ref, out, "run_attn, " + std::to_string(plan.num_splits) + " splits");
     if (HasFailure()) break;
   }
 }

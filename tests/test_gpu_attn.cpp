@@ -100,6 +100,7 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
     SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
                  (rp.sinks.empty() ? "" : " sinks"));
     DeviceRuns dr(rp);
+    const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every kernel below
     for (int32_t ns : {0, 1, 3, int32_t(2 + rng() % 7), int32_t(9 + rng() % 30)}) {
       for (DecodeMerge merge : {DecodeMerge::automatic, DecodeMerge::workspace}) {
         DecodePlanOptions o;
@@ -112,11 +113,11 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
                                  " load " + to_string(dr.plan.load_path);
         EXPECT_TRUE(intact) << what << ": a guard or an input was overwritten";
         const std::vector<float> lse = dr.lse_host();
-        expect_runs_match(rp, dr.out_host(), what, with_lse ? &lse : nullptr);
+        expect_runs_match(rp, ref, dr.out_host(), what, with_lse ? &lse : nullptr);
         if (c.format != KvFormat::nvfp4 && ns == 3) {
           o.load_path = DecodeLoadPath::registers;
           EXPECT_TRUE(dr.run(o, false));
-          expect_runs_match(rp, dr.out_host(), what + " registers");
+          expect_runs_match(rp, ref, dr.out_host(), what + " registers");
           o.load_path = DecodeLoadPath::automatic;
         }
         // The prefill kernel (tensor-core tiles of 128 packed rows) on the
@@ -128,7 +129,7 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
           po.num_splits = ns;
           EXPECT_TRUE(dr.run(po, with_lse));
           const std::vector<float> lse_p = dr.lse_host();
-          expect_runs_match(rp, dr.out_host(), "prefill kernel, splits " + std::to_string(dr.plan.num_splits),
+          expect_runs_match(rp, ref, dr.out_host(), "prefill kernel, splits " + std::to_string(dr.plan.num_splits),
                             with_lse ? &lse_p : nullptr);
         }
         // The other column tiling where the planner took two n-tiles per CTA.
@@ -136,7 +137,7 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
           o.col_tiles = 1;
           EXPECT_TRUE(dr.run(o, with_lse));
           const std::vector<float> lse1 = dr.lse_host();
-          expect_runs_match(rp, dr.out_host(), what + " one column tile", with_lse ? &lse1 : nullptr);
+          expect_runs_match(rp, ref, dr.out_host(), what + " one column tile", with_lse ? &lse1 : nullptr);
         }
       }
     }
@@ -173,6 +174,7 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
       poison_cache(rp.p, 'k', 1, L1 - 2, 1, int32_t(rng() % D));
       SCOPED_TRACE(c.describe());
       DeviceRuns dr(rp);
+      const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every kernel below
       for (int32_t ns : {1, 3, 12}) {
         for (int32_t tiles : {0, 1}) {
           DecodePlanOptions o;
@@ -183,7 +185,7 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
           const std::vector<bf16> out = dr.out_host();
           const std::string what = "splits " + std::to_string(ns) + " merge " + to_string(dr.plan.merge) +
                                    " col_tiles " + std::to_string(dr.plan.col_tiles);
-          expect_runs_match(rp, out, what, &lse);
+          expect_runs_match(rp, ref, out, what, &lse);
           // The reference's NaN rows are the rule; check the rule itself once.
           const int32_t H = c.num_q_heads(), row1 = rp.q_start[1];
           EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[size_t(rp.q_start[0]) * H * D]))) << what;
@@ -201,7 +203,7 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
         const std::vector<float> lse = dr.lse_host();
         const std::vector<bf16> out = dr.out_host();
         const std::string what = "prefill kernel, splits " + std::to_string(ns);
-        expect_runs_match(rp, out, what, &lse);
+        expect_runs_match(rp, ref, out, what, &lse);
         const int32_t H = c.num_q_heads(), row1 = rp.q_start[1];
         EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[size_t(rp.q_start[0]) * H * D]))) << what;
         EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + c.group) * D]))) << what;
@@ -245,6 +247,7 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
     SCOPED_TRACE(c.describe() + " rows " + std::to_string(rp.rows()) + " softcap " + std::to_string(rp.softcap) +
                  (rp.sinks.empty() ? "" : " sinks"));
     DeviceRuns dr(rp);
+    const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every kernel below
     for (int32_t variant = 0; variant < 3; ++variant) {
       DecodePlanOptions o;  // forced single pass, forced splits, the planner's choice
       o.prefill = variant < 2 ? DecodePrefill::on : DecodePrefill::automatic;
@@ -254,7 +257,7 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
       const bool with_lse = rng() % 2;
       EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
       const std::vector<float> lse = dr.lse_host();
-      expect_runs_match(rp, dr.out_host(),
+      expect_runs_match(rp, ref, dr.out_host(),
                         std::string(dr.plan.prefill ? "prefill kernel" : "runs kernel") + ", splits " +
                             std::to_string(dr.plan.num_splits) + ", tile band " + std::to_string(dr.plan.tile_band),
                         with_lse ? &lse : nullptr);
@@ -339,6 +342,7 @@ TEST(GpuAttn, DecodeWithSinksSoftCapAndLse) {
     for (int32_t h = 0; h < c.num_q_heads(); ++h) rp.sinks.push_back(float(h) - 3.0f);
     rp.softcap = 20.0f;
     DeviceRuns dr(rp);
+    const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every kernel below
     for (int32_t ns : {1, 4, 20}) {
       DecodePlanOptions o;
       o.num_splits = ns;
@@ -350,7 +354,8 @@ TEST(GpuAttn, DecodeWithSinksSoftCapAndLse) {
       cuda::run_attn(plan, a, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
       METRALE_CUDA_OK(cudaDeviceSynchronize());
       const std::vector<float> lse = dr.lse_host();
-      expect_runs_match(rp, dr.out_host(), std::string(to_string(f)) + " decode splits " + std::to_string(ns), &lse);
+      expect_runs_match(rp, ref, dr.out_host(), std::string(to_string(f)) + " decode splits " + std::to_string(ns),
+                        &lse);
     }
   }
 }

@@ -22,14 +22,23 @@ void expect_lse_match(const std::vector<double>& ref, const std::vector<float>& 
 
 }  // namespace
 
+RunsReference runs_reference(const RunsProblem& rp) {
+  RunsReference ref;
+  const PagedAttnArgs a = rp.args(nullptr);
+  ref.out = attention_runs_f64(a, cache_rows(a), &ref.lse);
+  return ref;
+}
+
+void expect_runs_match(const RunsProblem& rp, const RunsReference& ref, const std::vector<bf16>& out,
+                       const std::string& what, const std::vector<float>* lse) {
+  const Comparison cmp = compare_decode(out.data(), ref.out, rp.rows(), rp.p.num_q_heads(), rp.p.layout.head_dim);
+  EXPECT_TRUE(cmp.ok) << what << ": " << cmp.report;
+  if (lse) expect_lse_match(ref.lse, *lse, what);
+}
+
 void expect_runs_match(const RunsProblem& rp, const std::vector<bf16>& out, const std::string& what,
                        const std::vector<float>* lse) {
-  std::vector<double> ref_lse;
-  const PagedAttnArgs a = rp.args(nullptr);
-  const std::vector<double> ref = attention_runs_f64(a, cache_rows(a), &ref_lse);
-  const Comparison cmp = compare_decode(out.data(), ref, rp.rows(), rp.p.num_q_heads(), rp.p.layout.head_dim);
-  EXPECT_TRUE(cmp.ok) << what << ": " << cmp.report;
-  if (lse) expect_lse_match(ref_lse, *lse, what);
+  expect_runs_match(rp, runs_reference(rp), out, what, lse);
 }
 
 void expect_rows_match(const RunsProblem& rp, const std::vector<int32_t>& rows, const std::vector<bf16>& out,

@@ -84,8 +84,19 @@ inline std::vector<int32_t> random_runs(const std::vector<int32_t>& lens, int32_
   return runs;
 }
 
+// The float64 reference of rp's runs (testing/attention_runs_f64): outputs
+// and lse. A test that runs several kernels or plans on one problem computes
+// it once, after its last change to rp.
+struct RunsReference {
+  std::vector<double> out, lse;
+};
+RunsReference runs_reference(const RunsProblem& rp);
+
 // out (and lse) against the reference: per (row, head) as compare_decode;
 // lse within 1e-3 relative, -inf / NaN exactly where the reference has them.
+void expect_runs_match(const RunsProblem& rp, const RunsReference& ref, const std::vector<bf16>& out,
+                       const std::string& what, const std::vector<float>* lse = nullptr);
+// The same, computing the reference.
 void expect_runs_match(const RunsProblem& rp, const std::vector<bf16>& out, const std::string& what,
                        const std::vector<float>* lse = nullptr);
 
