@@ -109,8 +109,7 @@ std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& row
   std::vector<Item> items;
   for (int32_t s = 0; s < a.num_seqs; ++s) {
     const int32_t L = a.seq_lens[s], n = run_of(s).second;
-    if (L < 0 || n > std::max(L, 1) ||
-        int64_t(L) > int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size)
+    if (L < 0 || n > std::max(L, 1) || int64_t(L) > int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size)
       throw std::invalid_argument("attention_runs_f64: sequence " + std::to_string(s) + " does not fit its row");
     for (int32_t kvh = 0; kvh < H; ++kvh)
       for (int32_t j0 = 0; j0 < n; j0 += kRowBlock) items.push_back({s, kvh, j0, std::min(n, j0 + kRowBlock)});

@@ -195,9 +195,9 @@ int32_t prefill_splits(const DecodeProblem& p, const DecodeTarget& target, int64
 // wave from one unit (num_sms CTAs), but a run has at least 4 bands: the
 // last CTAs started are then short ones. Only where the sequences' K and V
 // (every kv head's, of the attended positions: an upper bound) exceed the
-// L2; below it 0: the
-// three-dimensional grid's order (tile major, then sequence, kv unit
-// fastest), which the bands of one tile lost 2-3% to at 1024 tokens.
+// L2; below it 0: the three-dimensional grid's order (tile major, then
+// sequence, kv unit fastest), which the bands of one tile lost 2-3% to at
+// 1024 tokens.
 // (Session 19, calls 2-3: bands everywhere lost 7-10% at 1024 tokens and 3%
 // at 4096, and gained only at head_dim 256 from 16384 tokens, 2-7%, and on
 // ragged8, 4-10%; one band, unit after unit, lost 24% at 1024. Session 20,
@@ -272,7 +272,8 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   const int64_t prefill_tiles = (columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta;
   METRALE_CHECK_ARG(opt.tile_band >= -1, "tile_band", opt.tile_band, ">= -1 (-1: the planner's order)");
   if (opt.tile_band >= 0 && opt.prefill != DecodePrefill::on)
-    detail::throw_unsupported("tile_band", opt.tile_band, "-1 unless prefill is on (the prefill kernel's launch order)");
+    detail::throw_unsupported("tile_band", opt.tile_band,
+                              "-1 unless prefill is on (the prefill kernel's launch order)");
   switch (opt.prefill) {
     case DecodePrefill::automatic:
       plan.prefill = prefill_takes(p, target, plan.kv_units, columns, prefill_tiles, opt);

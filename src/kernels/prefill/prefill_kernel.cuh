@@ -173,8 +173,9 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // 64 x 4096, 1.01x at 1 x 32768; fp8 0.98-0.99x (its faster producers
   // then wait longer for V's stage, which the consumers give back a step
   // after K's), so fp8 keeps the order. Alone, a producer keeps the
-  // consumers' order (V of t - kVLag after K of t).
-  constexpr bool kPairSameTile = Fmt::kBits == 4;
+  // consumers' order (V of t - kVLag after K of t). Without a lag (head_dim
+  // 256) the two orders are one.
+  constexpr bool kPairSameTile = Fmt::kBits == 4 && kVLag > 0;
   auto produce_dequant = [&](auto same_tile, int first, int step, int pt) {
     if constexpr (!Loader::kTma) {
       constexpr int kLag = decltype(same_tile)::value ? 0 : kVLag;
@@ -244,14 +245,15 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
         grp = grp_next;
       }
     } else {
-      // (Without a lag, one copy of the loop: a second one spilled at
-      // head_dim 256.)
-      if constexpr (kVLag == 0 || !kPairSameTile)
+      // (Elsewhere one copy of the loop: a second one spilled at head_dim 256.)
+      if constexpr (kPairSameTile) {
+        if (pair)
+          produce_dequant(std::true_type{}, 0, 2, pt);
+        else
+          produce_dequant(std::false_type{}, 0, 1, pt);
+      } else {
         produce_dequant(std::false_type{}, 0, pair ? 2 : 1, pt);
-      else if (pair)
-        produce_dequant(std::true_type{}, 0, 2, pt);
-      else
-        produce_dequant(std::false_type{}, 0, 1, pt);
+      }
     }
     return;
   }
