@@ -1,10 +1,12 @@
 // Split-K reduce: merges the (o, m, l) records of SYSTEM.md 4 into the bf16
 // output. One reduce serves every KV format: the records are format-free.
 //
-// One CTA of D/2 threads (1-4 warps) per (sequence, q head); each thread
-// owns two output columns. The merge rule, the empty and NaN rules are
-// softmax_state.hpp's (M = max m_i, w_i = l_i * exp(m_i - M),
-// out = sum w_i o_i / sum w_i), summed in split order.
+// One CTA per (sequence, q head): groups of D/2 threads, each thread two
+// output columns of a group's share of the splits (a group per kReduceChunk
+// splits, so that each thread's records are one memory round trip). The
+// merge rule, the empty and NaN rules are softmax_state.hpp's (M = max m_i,
+// w_i = l_i * exp(m_i - M), out = sum w_i o_i / sum w_i); each group sums its
+// splits in split order, then the groups' sums are added in group order.
 #include <cuda_runtime.h>
 
 #include "host/validate.hpp"
@@ -15,6 +17,17 @@
 #include "metrale/softmax_state.hpp"
 
 namespace metrale::kernels {
+
+// Splits a thread reads in one round trip. (The code stays short: it runs
+// once per CTA, cold in the instruction cache; a 48-split chunk made batch
+// 1 x 1024 1.6 us slower.)
+constexpr int kReduceChunk = 16;
+// Thread groups of a reduce CTA over S splits: one per kReduceChunk splits,
+// at most 1024 threads.
+inline int reduce_groups(int num_splits, int head_dim) {
+  const int groups = (num_splits + kReduceChunk - 1) / kReduceChunk;
+  return groups < 1 ? 1 : (groups > 2048 / head_dim ? 2048 / head_dim : groups);
+}
 
 struct ReduceParams {
   const float* workspace;
@@ -34,6 +47,7 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   __shared__ float m_s[kMaxSplits];
   __shared__ float w_s[kMaxSplits];
   __shared__ float warp_max[32];
+  __shared__ float3 group_sums[1024];  // (a0, a1, L) of the groups after the first, per thread
   // Launched as a programmatic dependent of the split pass: wait until its
   // records are complete and visible.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -46,20 +60,24 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   const int rec_len = softmax::record_floats(D);
   const float* rec0 = p.workspace + softmax::record_index(row, S, 0) * rec_len;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int d = 2 * threadIdx.x;
-  // This thread's two columns of the first kChunk splits, read together with
-  // the (m, l) records below: up to kChunk splits cost one memory round trip,
-  // then one per kChunk more. (The code stays short: it runs once per CTA,
-  // cold in the instruction cache; a 48-split chunk made batch 1 x 1024
-  // 1.6 us slower.)
-  constexpr int kChunk = 16;
+  const int cols = D / 2, group = threadIdx.x / cols, groups = blockDim.x / cols;
+  const int d = 2 * (threadIdx.x % cols);
+  // The group's splits [s_begin, s_end) (reduce_groups: at most
+  // kReduceChunk of them, except past 1024 threads).
+  const int per_group = (S + groups - 1) / groups;
+  const int s_begin = group * per_group, s_end = min(S, s_begin + per_group);
+  // This thread's two columns of the group's first kReduceChunk splits, read
+  // together with the (m, l) records below: one memory round trip, then one
+  // per kReduceChunk more.
+  constexpr int kChunk = kReduceChunk;
   float2 o[kChunk];
   auto load_chunk = [&](int s0) {
 #pragma unroll
     for (int i = 0; i < kChunk; ++i)
-      o[i] = s0 + i < S ? *reinterpret_cast<const float2*>(rec0 + (s0 + i) * rec_len + d) : make_float2(0.0f, 0.0f);
+      o[i] = s0 + i < s_end ? *reinterpret_cast<const float2*>(rec0 + (s0 + i) * rec_len + d)
+                            : make_float2(0.0f, 0.0f);
   };
-  load_chunk(0);
+  load_chunk(s_begin);
 
   softmax::Merge<> part;  // this thread's splits, then the CTA's (M over the warps' maxima)
   for (int s = threadIdx.x; s < S; s += blockDim.x) {
@@ -79,20 +97,34 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   if (mg.sums()) {
     for (int s = threadIdx.x; s < S; s += blockDim.x) w_s[s] = softmax::State<>{m_s[s], w_s[s]}.weight(mg.M);
     __syncthreads();
-    // In split order, as before: the same sums, bit for bit.
+    // The group's splits in split order.
 #pragma unroll 1
-    for (int s0 = 0; s0 < S; s0 += kChunk) {
-      if (s0 > 0) load_chunk(s0);
+    for (int s0 = s_begin; s0 < s_end; s0 += kChunk) {
+      if (s0 > s_begin) load_chunk(s0);
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         const int s = s0 + i;
-        if (s >= S || softmax::State<>{m_s[s], 0.0f}.is_empty()) continue;  // past the splits, or an empty split
+        if (s >= s_end || softmax::State<>{m_s[s], 0.0f}.is_empty()) continue;  // past them, or an empty split
         const float w = w_s[s];
         a0 += w * o[i].x;
         a1 += w * o[i].y;
         L += w;
       }
     }
+    // Then the groups' sums, in group order, by the first group.
+    if (groups > 1) {
+      if (group > 0) group_sums[threadIdx.x] = make_float3(a0, a1, L);
+      __syncthreads();
+      if (group > 0) return;
+      for (int g = 1; g < groups; ++g) {
+        const float3 v = group_sums[g * cols + threadIdx.x];
+        a0 += v.x;
+        a1 += v.y;
+        L += v.z;
+      }
+    }
+  } else if (group > 0) {
+    return;
   }
   a0 = mg.finalize(a0, L);
   a1 = mg.finalize(a1, L);
@@ -110,7 +142,8 @@ void launch_splitk_reduce(const ReduceArgs& args, cudaStream_t stream) {
   const int64_t rows = int64_t(args.num_seqs) * args.num_q_heads;
   METRALE_CHECK_ARG(rows <= detail::kMaxGridX, "num_seqs", args.num_seqs, "num_seqs * num_q_heads <= 2^31-1");
   ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out, args.num_q_heads, args.sinks, args.lse};
-  detail::launch_dependent(detail::DependentLaunch(dim3(unsigned(rows)), dim3(unsigned(args.head_dim / 2)), 0, stream),
+  const int threads = args.head_dim / 2 * reduce_groups(args.num_splits, args.head_dim);
+  detail::launch_dependent(detail::DependentLaunch(dim3(unsigned(rows)), dim3(unsigned(threads)), 0, stream),
                            splitk_reduce_kernel, "splitk_reduce_kernel", p);
 }
 
