@@ -37,6 +37,8 @@ struct ReduceParams {
   int32_t num_q_heads;
   const float* sinks;  // [num_q_heads] or null (SYSTEM.md 8)
   float* lse;          // [rows] or null
+  int32_t cols_log2;   // log2(head_dim / 2): a group's threads
+  int32_t group_splits;  // splits per thread group: ceil(num_splits / groups)
 };
 
 __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
@@ -64,12 +66,14 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   const int rec_len = softmax::record_floats(D);
   const float* rec0 = p.workspace + softmax::record_index(row, S, 0) * rec_len;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int cols = D / 2, group = threadIdx.x / cols, groups = blockDim.x / cols;
-  const int d = 2 * (threadIdx.x % cols);
+  // (Shifts, and the host's split count per group: the code runs cold in
+  // the instruction cache, and two integer divisions here cost 1-2% at 8 and
+  // 16 splits, session 22, call 6.)
+  const int cols = 1 << p.cols_log2, group = threadIdx.x >> p.cols_log2, groups = blockDim.x >> p.cols_log2;
+  const int d = 2 * (threadIdx.x & (cols - 1));
   // The group's splits [s_begin, s_end) (reduce_groups: at most
   // kReduceChunk of them, except past 1024 threads).
-  const int per_group = (S + groups - 1) / groups;
-  const int s_begin = group * per_group, s_end = min(S, s_begin + per_group);
+  const int s_begin = group * p.group_splits, s_end = min(S, s_begin + p.group_splits);
   // This thread's two columns of the group's first kReduceChunk splits, read
   // together with the (m, l) records below: one memory round trip, then one
   // per kReduceChunk more.
@@ -145,8 +149,11 @@ void launch_splitk_reduce(const ReduceArgs& args, cudaStream_t stream) {
   if (args.num_seqs == 0) return;
   const int64_t rows = int64_t(args.num_seqs) * args.num_q_heads;
   METRALE_CHECK_ARG(rows <= detail::kMaxGridX, "num_seqs", args.num_seqs, "num_seqs * num_q_heads <= 2^31-1");
-  ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out, args.num_q_heads, args.sinks, args.lse};
   const int cols = args.head_dim / 2, groups = reduce_groups(args.num_splits, args.head_dim);
+  int cols_log2 = 0;
+  while ((1 << cols_log2) < cols) ++cols_log2;  // head_dim 64, 128, 256 (validated)
+  ReduceParams p{args.workspace, args.num_splits, args.head_dim, args.out, args.num_q_heads, args.sinks, args.lse,
+                 cols_log2, (args.num_splits + groups - 1) / groups};
   const size_t smem = size_t(groups - 1) * cols * sizeof(float3);  // the groups' sums (kernel)
   detail::launch_dependent(
       detail::DependentLaunch(dim3(unsigned(rows)), dim3(unsigned(cols * groups)), unsigned(smem), stream),
