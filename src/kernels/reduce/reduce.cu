@@ -157,7 +157,7 @@ void launch_splitk_reduce(const ReduceArgs& args, cudaStream_t stream) {
   const size_t smem = size_t(groups - 1) * cols * sizeof(float3);  // the groups' sums (kernel)
   detail::launch_dependent(
       detail::DependentLaunch(dim3(unsigned(rows)), dim3(unsigned(cols * groups)), unsigned(smem), stream),
-                           splitk_reduce_kernel, "splitk_reduce_kernel", p);
+      splitk_reduce_kernel, "splitk_reduce_kernel", p);
 }
 
 }  // namespace metrale::kernels
