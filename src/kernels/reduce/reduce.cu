@@ -41,6 +41,12 @@ struct ReduceParams {
   int32_t group_splits;  // splits per thread group: ceil(num_splits / groups)
 };
 
+// kGroups: more than one thread group (more than kReduceChunk splits).
+// Without, the group code is not compiled in: the reduce runs cold in the
+// instruction cache, and with it one group ran 0.4-1.3% slower at 8 and 16
+// splits (session 22, calls 6-7); kGroups false is the one-group kernel of
+// before, instruction for instruction.
+template <bool kGroups>
 __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   // Per split: its max logit and weight l * exp(m - M). Filled in parallel
   // (a split per thread) so that the merge below issues independent loads:
@@ -66,14 +72,14 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   const int rec_len = softmax::record_floats(D);
   const float* rec0 = p.workspace + softmax::record_index(row, S, 0) * rec_len;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  // (Shifts, and the host's split count per group: the code runs cold in
-  // the instruction cache, and two integer divisions here cost 1-2% at 8 and
-  // 16 splits, session 22, call 6.)
-  const int cols = 1 << p.cols_log2, group = threadIdx.x >> p.cols_log2, groups = blockDim.x >> p.cols_log2;
-  const int d = 2 * (threadIdx.x & (cols - 1));
+  // (Shifts, and the host's split count per group: no integer divisions in
+  // code that runs cold.)
+  const int cols = kGroups ? 1 << p.cols_log2 : int(blockDim.x);
+  const int group = kGroups ? int(threadIdx.x) >> p.cols_log2 : 0, groups = kGroups ? int(blockDim.x) >> p.cols_log2 : 1;
+  const int d = kGroups ? 2 * (int(threadIdx.x) & (cols - 1)) : 2 * int(threadIdx.x);
   // The group's splits [s_begin, s_end) (reduce_groups: at most
   // kReduceChunk of them, except past 1024 threads).
-  const int s_begin = group * p.group_splits, s_end = min(S, s_begin + p.group_splits);
+  const int s_begin = kGroups ? group * p.group_splits : 0, s_end = kGroups ? min(S, s_begin + p.group_splits) : S;
   // This thread's two columns of the group's first kReduceChunk splits, read
   // together with the (m, l) records below: one memory round trip, then one
   // per kReduceChunk more.
@@ -120,7 +126,7 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
       }
     }
     // Then the groups' sums, in group order, by the first group.
-    if (groups > 1) {
+    if (kGroups) {
       if (group > 0) group_sums[threadIdx.x - cols] = make_float3(a0, a1, L);
       __syncthreads();
       if (group > 0) return;
@@ -131,7 +137,7 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
         L += v.z;
       }
     }
-  } else if (group > 0) {
+  } else if (kGroups && group > 0) {
     return;
   }
   a0 = mg.finalize(a0, L);
@@ -157,7 +163,7 @@ void launch_splitk_reduce(const ReduceArgs& args, cudaStream_t stream) {
   const size_t smem = size_t(groups - 1) * cols * sizeof(float3);  // the groups' sums (kernel)
   detail::launch_dependent(
       detail::DependentLaunch(dim3(unsigned(rows)), dim3(unsigned(cols * groups)), unsigned(smem), stream),
-      splitk_reduce_kernel, "splitk_reduce_kernel", p);
+      groups > 1 ? splitk_reduce_kernel<true> : splitk_reduce_kernel<false>, "splitk_reduce_kernel", p);
 }
 
 }  // namespace metrale::kernels
