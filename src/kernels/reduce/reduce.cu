@@ -57,8 +57,9 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   __shared__ float warp_max[32];
   // (a0, a1, L) of each thread of the groups after the first: dynamic, none
   // with one group. (A static array of 1024 made NVFP4 decode at 2 x 16384
-  // and 4 x 8192, one group, 1.3x slower: the reduce's CTAs wait for the
-  // split pass on its SMs, launched early as its programmatic dependents.)
+  // and 4 x 8192, one group, 1.3x slower, session 22: likely because the
+  // reduce's CTAs, launched early as the split pass's programmatic
+  // dependents, wait on its SMs with that shared memory.)
   extern __shared__ float3 group_sums[];
   // Launched as a programmatic dependent of the split pass: wait until its
   // records are complete and visible.
@@ -75,7 +76,8 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   // (Shifts, and the host's split count per group: no integer divisions in
   // code that runs cold.)
   const int cols = kGroups ? 1 << p.cols_log2 : int(blockDim.x);
-  const int group = kGroups ? int(threadIdx.x) >> p.cols_log2 : 0, groups = kGroups ? int(blockDim.x) >> p.cols_log2 : 1;
+  const int group = kGroups ? int(threadIdx.x) >> p.cols_log2 : 0;
+  const int groups = kGroups ? int(blockDim.x) >> p.cols_log2 : 1;
   const int d = kGroups ? 2 * (int(threadIdx.x) & (cols - 1)) : 2 * int(threadIdx.x);
   // The group's splits [s_begin, s_end) (reduce_groups: at most
   // kReduceChunk of them, except past 1024 threads).
