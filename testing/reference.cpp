@@ -156,8 +156,10 @@ std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& row
         const double M = std::max(mx, sink);
         double denom = (sink == ninf ? 0.0 : std::exp(sink - M));
         for (double z : logit) denom += std::exp(z - M);
-        for (size_t e = 0; e < logit.size(); ++e)
-          for (int32_t d = 0; d < D; ++d) o[d] += std::exp(logit[e] - M) / denom * v[size_t(first - base + e) * D + d];
+        for (size_t e = 0; e < logit.size(); ++e) {
+          const double w = std::exp(logit[e] - M) / denom;  // once per position, not per element
+          for (int32_t d = 0; d < D; ++d) o[d] += w * v[size_t(first - base + e) * D + d];
+        }
       }
     }
   });

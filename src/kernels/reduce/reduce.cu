@@ -9,6 +9,8 @@
 // splits in split order, then the groups' sums are added in group order.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "host/validate.hpp"
 #include "kernels/common/cuda_check.hpp"
 #include "kernels/common/dependent_launch.hpp"
@@ -25,8 +27,7 @@ constexpr int kReduceChunk = 16;
 // Thread groups of a reduce CTA over S splits: one per kReduceChunk splits,
 // at most 1024 threads.
 inline int reduce_groups(int num_splits, int head_dim) {
-  const int groups = (num_splits + kReduceChunk - 1) / kReduceChunk;
-  return groups < 1 ? 1 : (groups > 2048 / head_dim ? 2048 / head_dim : groups);
+  return std::clamp((num_splits + kReduceChunk - 1) / kReduceChunk, 1, 2048 / head_dim);
 }
 
 struct ReduceParams {
