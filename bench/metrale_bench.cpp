@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   std::string shapes = "1x1024,1x32768,16x8192,64x4096,128x2048,256x1024,32x32768";
   std::string heads = "32/8", csv_path, json_path;
   std::string pairing = "automatic", load_path = "automatic", merge = "automatic";
-  int head_dim = 128, block_size = 16, forced_splits = 0, window = 0, q_len = 1, col_tiles = 0;
+  int head_dim = 128, block_size = 16, forced_splits = 0, window = 0, q_len = 1, col_tiles = 0, head_dim_parts = 0;
   bool mixed = false;
   app.add_option("--mode", mode, "perf | oracle | check")->check(CLI::IsMember({"perf", "oracle", "check"}));
   app.add_option("--op", op, "decode | write")->check(CLI::IsMember({"decode", "write"}));
@@ -88,7 +88,10 @@ int main(int argc, char** argv) {
   app.add_flag("--mixed", mixed, "lengths uniform in [1, CONTEXT]");
   app.add_option("--q-len", q_len, "query rows per sequence (> 1: query runs through run_attn, SYSTEM.md 8)")
       ->check(CLI::Range(1, 4096));
-  app.add_option("--col-tiles", col_tiles, "runs kernel: n-tiles of 8 columns per CTA (0 = planner, 1, 2)")
+  app.add_option("--col-tiles", col_tiles, "runs kernel: n-tiles of 8 columns per CTA (0 = planner, 1, 2, 4)")
+      ->check(CLI::IsMember({0, 1, 2, 4}));
+  app.add_option("--head-dim-parts", head_dim_parts,
+                 "runs kernel: 0 = planner, 1, 2 = head_dim split over teams of two warps (NVFP4)")
       ->check(CLI::Range(0, 2));
   app.add_option("--csv", csv_path, "write rows as CSV");
   app.add_option("--json", json_path, "write rows as JSON");
@@ -111,6 +114,7 @@ int main(int argc, char** argv) {
   options.load_path = decode_load_path_from_string(load_path);
   options.merge = decode_merge_from_string(merge);
   options.col_tiles = col_tiles;
+  options.head_dim_parts = head_dim_parts;
   const DecodeTarget target = cuda::decode_target();
   int qh = 32, kvh = 8;
   if (std::sscanf(heads.c_str(), "%d/%d", &qh, &kvh) != 2) throw CLI::ValidationError("--heads", heads);
@@ -229,7 +233,8 @@ int main(int argc, char** argv) {
         rows.push_back(row_for(rplan.num_splits, us));
         rows.back().shape += " q" + std::to_string(q_len);
         rows.back().plan = describe(rplan) + " tiles " + std::to_string(rplan.head_tiles) + "x" +
-                           std::to_string(8 * rplan.col_tiles);
+                           std::to_string(8 * rplan.col_tiles) +
+                           (rplan.head_dim_parts == 2 ? " halves" : "");
         cudaFree(q);
         cudaFree(rout);
         cudaFree(q_start);

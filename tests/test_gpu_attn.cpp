@@ -139,6 +139,22 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
           const std::vector<float> lse1 = dr.lse_host();
           expect_runs_match(rp, ref, dr.out_host(), what + " one column tile", with_lse ? &lse1 : nullptr);
         }
+        // NVFP4: head_dim split over teams of two warps at every column
+        // tiling it has, and whole rows, whatever the planner took.
+        if ((ns == 1 || ns == 3) && c.format == KvFormat::nvfp4 && (c.head_dim == 128 || c.head_dim == 256)) {
+          for (auto [parts, tiles] : {std::pair{2, 2}, std::pair{2, 4}, std::pair{1, 2}}) {
+            const int32_t most = parts == 2 ? (c.head_dim == 128 ? 4 : 2) : (c.head_dim == 128 ? 2 : 1);
+            if (tiles > most) continue;
+            DecodePlanOptions h = o;
+            h.head_dim_parts = parts;
+            h.col_tiles = tiles;
+            EXPECT_TRUE(dr.run(h, with_lse));
+            const std::vector<float> lse_h = dr.lse_host();
+            expect_runs_match(rp, ref, dr.out_host(),
+                              what + " head_dim parts " + std::to_string(parts) + " col_tiles " + std::to_string(tiles),
+                              with_lse ? &lse_h : nullptr);
+          }
+        }
       }
     }
     if (HasFailure()) break;
@@ -176,15 +192,21 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
       DeviceRuns dr(rp);
       const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every kernel below
       for (int32_t ns : {1, 3, 12}) {
-        for (int32_t tiles : {0, 1}) {
+        // Column tiles: the planner's, one, and for NVFP4 at 128 / 256 the
+        // teams that split head_dim (2 and 4 n-tiles).
+        for (auto [tiles, parts] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{2, 2}, std::pair{4, 2}}) {
+          if (parts == 2 && (f != KvFormat::nvfp4 || D == 64 || (D == 256 && tiles == 4))) continue;
+          if (tiles == 1 && D > 128) continue;  // the planner's: one column tile
           DecodePlanOptions o;
           o.num_splits = ns;
           o.col_tiles = tiles;
+          o.head_dim_parts = parts;
           EXPECT_TRUE(dr.run(o, true));
           const std::vector<float> lse = dr.lse_host();
           const std::vector<bf16> out = dr.out_host();
           const std::string what = "splits " + std::to_string(ns) + " merge " + to_string(dr.plan.merge) +
-                                   " col_tiles " + std::to_string(dr.plan.col_tiles);
+                                   " col_tiles " + std::to_string(dr.plan.col_tiles) + " head_dim parts " +
+                                   std::to_string(dr.plan.head_dim_parts);
           expect_runs_match(rp, ref, out, what, &lse);
           // The reference's NaN rows are the rule; check the rule itself once.
           const int32_t H = c.num_q_heads(), row1 = rp.q_start[1];
@@ -192,7 +214,6 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
           EXPECT_TRUE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + c.group) * D]))) << what;
           EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 9) * H + c.group) * D]))) << what;
           EXPECT_FALSE(std::isnan(codec::bf16_to_float(out[(size_t(row1 + 11) * H + 0) * D]))) << what;
-          if (D > 128) break;  // one column tile only
         }
       }
       for (int32_t ns : {1, 3, 12}) {

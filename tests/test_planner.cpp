@@ -235,6 +235,62 @@ TEST(Planner, QueryRunsTileTheirColumns) {
   EXPECT_EQ(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000)).col_tiles, 1);
 }
 
+// NVFP4 runs of more than 8 columns per kv head split head_dim over teams of
+// two warps (geometry::runs_can_split_head_dim): 2 n-tiles up to 16 columns,
+// 4 above at head_dim 128, 2 at 256; one tile (short splits) keeps whole
+// rows; the other formats never split it, and forcing it where it cannot
+// run throws.
+TEST(Planner, Nvfp4RunsSplitHeadDimOverTeamsOfTwoWarps) {
+  DecodeProblem p = problem(16, 8, 4, 8192, 0, KvFormat::nvfp4);
+  p.max_q_len = 4;  // 16 columns
+  const DecodePlan q4 = plan_decode(p, gpu_like(1000));
+  EXPECT_EQ(q4.head_dim_parts, 2);
+  EXPECT_EQ(q4.col_tiles, 2);
+  EXPECT_EQ(q4.kernel().head_dim_parts, 2);
+  DecodePlanOptions runs_only;
+  runs_only.prefill = DecodePrefill::off;
+  p.max_q_len = 8;  // 32 columns: one tile of 4 n-tiles
+  const DecodePlan q8 = plan_decode(p, gpu_like(1000), runs_only);
+  EXPECT_EQ(q8.head_dim_parts, 2);
+  EXPECT_EQ(q8.col_tiles, 4);
+  EXPECT_EQ(q8.head_tiles, 1);
+  p.max_q_len = 2;  // 8 columns: whole rows
+  EXPECT_EQ(plan_decode(p, gpu_like(1000)).head_dim_parts, 1);
+  DecodeProblem wide = problem(16, 8, 4, 8192, 0, KvFormat::nvfp4, 256);
+  wide.max_q_len = 8;
+  const DecodePlan w = plan_decode(wide, gpu_like(1000), runs_only);
+  EXPECT_EQ(w.head_dim_parts, 2);
+  EXPECT_EQ(w.col_tiles, 2);
+  EXPECT_EQ(w.head_tiles, 2);
+  DecodeProblem one = problem(1, 8, 4, 4096, 0, KvFormat::nvfp4);
+  one.max_q_len = 4;  // short splits: one tile, whole rows
+  EXPECT_EQ(plan_decode(one, gpu_like(1000)).col_tiles, 1);
+  EXPECT_EQ(plan_decode(one, gpu_like(1000)).head_dim_parts, 1);
+  DecodeProblem fp8 = problem(16, 8, 4, 8192, 0, KvFormat::fp8_e4m3);
+  fp8.max_q_len = 4;
+  EXPECT_EQ(plan_decode(fp8, gpu_like(1000)).head_dim_parts, 1);
+  DecodePlanOptions o;
+  o.head_dim_parts = 2;
+  EXPECT_THROW(plan_decode(fp8, gpu_like(1000), o), Unsupported);
+  EXPECT_THROW(plan_decode(problem(4, 8, 4, 4096, 0, KvFormat::nvfp4), gpu_like(1000), o), Unsupported);  // decode
+  o.col_tiles = 1;
+  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), Unsupported);
+  o.col_tiles = 4;
+  EXPECT_THROW(plan_decode(wide, gpu_like(1000), o), Unsupported);
+  EXPECT_EQ(plan_decode(p, gpu_like(1000), o).col_tiles, 4);
+  o.head_dim_parts = 1;
+  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), Unsupported);
+  o.head_dim_parts = 3;
+  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), InvalidArgument);
+  DecodePlanOptions whole;
+  whole.head_dim_parts = 1;
+  p.max_q_len = 4;
+  EXPECT_EQ(plan_decode(p, gpu_like(1000), whole).head_dim_parts, 1);
+  EXPECT_EQ(plan_decode(p, gpu_like(1000), whole).col_tiles, 2);
+  whole.prefill = DecodePrefill::on;
+  EXPECT_THROW(plan_decode(p, gpu_like(1000), whole), Unsupported);
+}
+
 // Long runs take the prefill kernel where its grid (a CTA per 128 packed rows
 // of a kv head and split) fills half the SMs: long prompts in one pass, short
 // chunks over a long context with splits of >= kPrefillMinTokensPerSplit

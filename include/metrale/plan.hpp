@@ -84,7 +84,10 @@ struct DecodePlanOptions {
   DecodePairing pairing = DecodePairing::automatic;
   DecodeLoadPath load_path = DecodeLoadPath::automatic;
   DecodeMerge merge = DecodeMerge::automatic;
-  int32_t col_tiles = 0;  // runs kernel: 0 = the planner's; 1 or 2 n-tiles of 8 columns per CTA
+  int32_t col_tiles = 0;  // runs kernel: 0 = the planner's; 1, 2 (or 4 with head_dim_parts 2) n-tiles of 8 columns per CTA
+  // runs kernel: 0 = the planner's; 1; 2 = head_dim split over the two warps
+  // of a team (NVFP4 at head_dim 128 / 256, 2 or 4 column tiles at 128, 2 at 256)
+  int32_t head_dim_parts = 0;
   DecodePrefill prefill = DecodePrefill::automatic;  // on: query runs in the prefill kernel
   // The prefill kernel's launch order (prefill on only): -1 = the planner's;
   // 0 = the 3-D grid; n > 0 = bands of n row tiles on a 1-D grid (at most
@@ -101,6 +104,7 @@ struct DecodeKernelId {
   bool pair_kv_heads = false;
   bool runs = false;  // the query-runs kernel (runs of several rows, sinks, soft-cap, lse)
   int32_t col_tiles = 1;  // runs kernel: n-tiles of 8 (query row, q head) columns per CTA
+  int32_t head_dim_parts = 1;  // runs kernel: 2 = head_dim split over teams of two warps
   bool prefill = false;   // the prefill kernel (query runs; format x head_dim)
 };
 
@@ -127,6 +131,7 @@ struct DecodePlan {
   int32_t kv_units = 0;      // kv heads (or pairs) per sequence
   int32_t unit_group = 0;    // q heads per kv unit
   int32_t col_tiles = 1;     // n-tiles of 8 columns per CTA (geometry::runs_col_tiles)
+  int32_t head_dim_parts = 1;  // 2: head_dim split over teams of two warps (geometry::runs_head_dim_parts)
   // The prefill kernel: a CTA per (split, kv head, sequence, tile of
   // kPrefillRowsPerCta packed rows of its run): a grid (kv_units *
   // num_splits, num_seqs, head_tiles), or where the sequences' K and V exceed

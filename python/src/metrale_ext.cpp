@@ -849,6 +849,7 @@ NB_MODULE(_metrale, m) {
       .def_prop_ro("max_q_len", [](const DecodePlan& p) { return p.problem.max_q_len; })
       .def_prop_ro("runs_kernel", [](const DecodePlan& p) { return p.kernel().runs; })
       .def_ro("col_tiles", &DecodePlan::col_tiles)
+      .def_ro("head_dim_parts", &DecodePlan::head_dim_parts)
       .def_ro("head_tiles", &DecodePlan::head_tiles)
       .def_ro("tile_band", &DecodePlan::tile_band)
       .def_ro("prefill", &DecodePlan::prefill)

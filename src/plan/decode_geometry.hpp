@@ -30,9 +30,25 @@ constexpr int32_t kMinTokensPerSplit = 128;
 // <= 128 (a thread then holds 2 x 32 accumulators of O^T and 2 x 16 words
 // of Q^T at head_dim 128); head_dim 256 keeps one (its accumulators alone
 // are 64 registers per n-tile).
-constexpr int32_t kMaxRunsColTiles = 2;
-constexpr int32_t runs_col_tiles(int32_t head_dim, int64_t columns) {
-  return head_dim <= 128 && columns > kDecodeQHeadsPerCta ? kMaxRunsColTiles : 1;
+//
+// With head_dim split over teams of two warps (head_dim_parts 2: each warp
+// loads, dequantises and accumulates half of every row; DecodeConfig's HP)
+// an n-tile costs a thread half the registers: 2 or 4 n-tiles at head_dim
+// 128 (4: 255 registers, no spill), 2 at 256. Only for NVFP4, whose runs
+// kernel is bound by its dequantisation instructions, which the columns of
+// a CTA share (docs/query_runs.md); fewer than 9 columns keep whole rows.
+constexpr int32_t kMaxRunsColTiles = 4;
+constexpr bool runs_can_split_head_dim(bool scaled_format, int32_t head_dim) {
+  return scaled_format && (head_dim == 128 || head_dim == 256);
+}
+constexpr int32_t runs_max_col_tiles(int32_t head_dim, int32_t head_dim_parts) {
+  if (head_dim_parts == 2) return head_dim == 128 ? 4 : 2;
+  return head_dim <= 128 ? 2 : 1;
+}
+constexpr int32_t runs_col_tiles(int32_t head_dim, int32_t head_dim_parts, int64_t columns) {
+  const int32_t most = runs_max_col_tiles(head_dim, head_dim_parts);
+  if (columns <= kDecodeQHeadsPerCta) return head_dim_parts == 2 ? 2 : 1;
+  return columns <= 2 * kDecodeQHeadsPerCta || most == 2 ? 2 : most;
 }
 
 // The prefill kernel (kernels/prefill): a CTA serves this many packed

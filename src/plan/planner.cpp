@@ -118,7 +118,7 @@ DecodeProblem decode_problem(const DecodeArgs& a, int32_t max_seq_len) {
 
 DecodeKernelId DecodePlan::kernel() const {
   return DecodeKernelId{problem.layout.format, pair_kv_heads ? 2 * problem.layout.head_dim : problem.layout.head_dim,
-                        load_path, pair_kv_heads, problem.runs_kernel(), col_tiles, prefill};
+                        load_path, pair_kv_heads, problem.runs_kernel(), col_tiles, head_dim_parts, prefill};
 }
 
 DecodePlan plan_decode(const DecodeProblem& p, const DecodeTarget& target, const DecodePlanOptions& options) {
@@ -151,7 +151,8 @@ int32_t fill_splits(int64_t base_ctas, int64_t attended, int64_t wave, int64_t m
 
 // The runs kernel's column tiles where the caller leaves them to the planner:
 // geometry::runs_col_tiles (two n-tiles where a kv head has more than 8
-// columns), but one where two would leave splits of fewer than 512 tokens
+// columns; with head_dim parts four where it has more than 16, at 128), but
+// one where two would leave splits of fewer than 512 tokens
 // (2-4 steps per warp: the CTA's fixed costs, doubled columns, dominate), and
 // for the formats on the TMA path when the one-tile grid fills less than half
 // a wave and needs at most two tiles per kv head (the two one-tile CTAs of a
@@ -160,9 +161,9 @@ int32_t fill_splits(int64_t base_ctas, int64_t attended, int64_t wave, int64_t m
 // faster at q_len 4 and 8 at 1 x 4096, and at q_len 4 for bf16/fp8 at
 // 1 x 32768 and 4 x 8192; two tiles faster everywhere else, NVFP4 most).
 int32_t runs_col_tiles_for(const DecodeProblem& p, const DecodeTarget& target, int32_t kv_units, int64_t columns,
-                           int64_t wave) {
+                           int64_t wave, int32_t head_dim_parts) {
   if (!p.runs_kernel()) return 1;
-  const int32_t tiles = runs_col_tiles(p.layout.head_dim, columns);
+  const int32_t tiles = runs_col_tiles(p.layout.head_dim, head_dim_parts, columns);
   if (tiles == 1) return 1;
   auto ctas_per_split = [&](int32_t t) {
     const int64_t tile_cols = int64_t(kDecodeQHeadsPerCta) * t;
@@ -222,7 +223,8 @@ bool prefill_takes(const DecodeProblem& p, const DecodeTarget& target, int32_t k
                    int64_t tiles, const DecodePlanOptions& opt) {
   if (!prefill_loads(p, target)) return false;
   const int32_t min_rows = attended_len(p) < kPrefillShortRunsMinAttended ? kPrefillRowsPerCta : kPrefillMinRows;
-  if (!p.runs_kernel() || opt.num_splits > 1 || opt.col_tiles > 0 || columns < min_rows) return false;
+  if (!p.runs_kernel() || opt.num_splits > 1 || opt.col_tiles > 0 || opt.head_dim_parts > 0 || columns < min_rows)
+    return false;
   if (opt.merge == DecodeMerge::cluster) return false;
   if (p.num_seqs > kPrefillMaxGridYZ || tiles > kPrefillMaxGridYZ) return false;  // the grid's y and z
   const int64_t ctas = int64_t(p.num_seqs) * kv_units * tiles;
@@ -262,10 +264,23 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   // rows fills ceil(n * unit_group / (8 * col_tiles)) tiles.
   const int64_t columns = int64_t(p.max_q_len) * plan.unit_group;
   const bool runs = p.runs_kernel();
-  METRALE_CHECK_ARG(opt.col_tiles >= 0 && opt.col_tiles <= kMaxRunsColTiles, "col_tiles", opt.col_tiles,
-                    "0 (the planner's) or 1.." + std::to_string(kMaxRunsColTiles));
-  if (opt.col_tiles > 1 && (!runs || D > 128))
-    detail::throw_unsupported("col_tiles", opt.col_tiles, "1 except for query runs (or attention options) at head_dim <= 128");
+  METRALE_CHECK_ARG(opt.col_tiles == 0 || opt.col_tiles == 1 || opt.col_tiles == 2 || opt.col_tiles == 4, "col_tiles",
+                    opt.col_tiles, "0 (the planner's), 1, 2 or 4");
+  METRALE_CHECK_ARG(opt.head_dim_parts >= 0 && opt.head_dim_parts <= 2, "head_dim_parts", opt.head_dim_parts,
+                    "0 (the planner's), 1 or 2");
+  const bool can_split_head_dim = runs && runs_can_split_head_dim(kv_format_desc(p.layout.format).group_size > 0, D);
+  if (opt.head_dim_parts == 2 && !can_split_head_dim)
+    detail::throw_unsupported("head_dim_parts", 2,
+                              "1 except for query runs (or attention options) over NVFP4 at head_dim 128 or 256");
+  // The runs kernel's parts of head_dim: the caller's, or two where they
+  // can be and the CTA takes more than 8 columns (or 2-4 forced n-tiles).
+  int32_t parts = opt.head_dim_parts;
+  if (parts == 0)
+    parts = can_split_head_dim && (opt.col_tiles == 0 ? columns > kDecodeQHeadsPerCta : opt.col_tiles > 1) ? 2 : 1;
+  if (opt.col_tiles > (runs ? runs_max_col_tiles(D, parts) : 1) || (parts == 2 && opt.col_tiles == 1))
+    detail::throw_unsupported("col_tiles", opt.col_tiles,
+                              "1 except for query runs (or attention options): 1 or 2 at head_dim <= 128; with "
+                              "head_dim_parts 2, 2 or 4 at 128 and 2 at 256");
   const int64_t wave = int64_t(target.num_sms) * kDecodeCtasPerSm;
 
   // The prefill kernel: tiles of kPrefillRowsPerCta packed rows, split-K where its grid is short.
@@ -280,9 +295,11 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
       break;
     case DecodePrefill::off: plan.prefill = false; break;
     case DecodePrefill::on:
-      if (!runs || opt.col_tiles > 0 || plan.pair_kv_heads || opt.merge == DecodeMerge::cluster)
+      if (!runs || opt.col_tiles > 0 || opt.head_dim_parts > 0 || plan.pair_kv_heads ||
+          opt.merge == DecodeMerge::cluster)
         detail::throw_unsupported("prefill", "on",
-                                  "query runs (or attention options), no col_tiles, pairing or cluster merge");
+                                  "query runs (or attention options), no col_tiles, head_dim_parts, pairing or "
+                                  "cluster merge");
       if (!prefill_loads(p, target))
         detail::throw_unsupported("prefill", "on", "a target that encodes TMA tensor maps for a bf16 cache");
       plan.prefill = true;
@@ -310,7 +327,10 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
       plan.workspace_bytes = splitk_workspace_bytes(decode_problem_rows(p), p.num_q_heads, D, plan.num_splits);
     return plan;
   }
-  plan.col_tiles = opt.col_tiles > 0 ? opt.col_tiles : runs_col_tiles_for(p, target, plan.kv_units, columns, wave);
+  plan.col_tiles =
+      opt.col_tiles > 0 ? opt.col_tiles : runs_col_tiles_for(p, target, plan.kv_units, columns, wave, parts);
+  // One n-tile takes whole rows (the planner's parts only: forced 2 with one tile threw above).
+  plan.head_dim_parts = plan.col_tiles == 1 ? 1 : parts;
   const int64_t tile_cols = int64_t(kDecodeQHeadsPerCta) * plan.col_tiles;
   plan.head_tiles = int32_t((columns + tile_cols - 1) / tile_cols);
   plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;

@@ -45,10 +45,18 @@ constexpr int kTmaMaxStageSteps = 2;
 // NT: n-tiles of 8 columns per CTA (the runs kernel's column tiles,
 // geometry::runs_col_tiles): every dequantised K and V fragment feeds NT
 // MMAs, so one pass over the pages serves 8 * NT (query row, q head) columns.
-template <class Fmt, int D, bool kTma = false, bool kPair = false, int NT = 1>
+// HP: parts of head_dim (1 or 2; geometry::runs_head_dim_parts). With 2 the
+// warps work in teams of two: both take the same steps, each loads and
+// dequantises one half of every K and V row (part = warp % 2), computes S
+// over its half for all columns, adds its teammate's half through shared
+// memory (decode_kernel.cuh) and runs PV for its half of head_dim. A team
+// keeps one softmax state; no element is dequantised twice, and a thread
+// holds the accumulators of NT / 2 n-tiles of a whole-row warp.
+template <class Fmt, int D, bool kTma = false, bool kPair = false, int NT = 1, int HP = 1>
 struct DecodeConfig {
   static_assert(!kPair || D == 128, "pairs of head_dim-64 heads");
   static_assert(NT >= 1 && (!kPair || NT == 1), "column tiles of unpaired heads");
+  static_assert(HP == 1 || (HP == 2 && !kTma && !kPair), "head_dim parts on the register path, unpaired heads");
   using Format = Fmt;
   static constexpr int kD = D;            // the kernel's head_dim (128 for a pair)
   static constexpr bool kTmaPath = kTma;  // K/V through the TMA ring
@@ -56,35 +64,41 @@ struct DecodeConfig {
   static constexpr int kHeadDim = kPair ? D / 2 : D;  // of q, the output and the split records
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
+  static constexpr int kParts = HP;
+  static constexpr int kTeams = kWarps / HP;  // warps (HP 1) or pairs of warps (HP 2) walking the steps
+  static constexpr int kPartD = D / HP;       // head_dim elements a warp loads, dequantises and outputs
   static constexpr int kColTiles = NT;
   static constexpr int kCols = kDecodeQHeadsPerCta * NT;  // columns per CTA (the MMAs' N, 8 per n-tile)
   static_assert(kDecodeQHeadsPerCta == 8, "n-tiles of 8 columns");
   static constexpr int kStepTokens = 16;
-  static constexpr int kRowBytes = D * Fmt::kBits / 8;
-  // K: a thread loads a quarter of each of two token rows (paired: a
+  static constexpr int kRowBytes = D * Fmt::kBits / 8;         // a token's row (of the kv head)
+  static constexpr int kPartBytes = kPartD * Fmt::kBits / 8;   // the warp's part of it
+  // K: a thread loads a quarter of each of two token rows' parts (paired: a
   // quarter of each head's half).
-  static constexpr int kKQuarterBytes = kPair ? kRowBytes / 8 : kRowBytes / 4;
+  static constexpr int kKQuarterBytes = kPair ? kPartBytes / 8 : kPartBytes / 4;
   static constexpr int kKVecBytes = kKQuarterBytes < 16 ? kKQuarterBytes : 16;
-  static constexpr int kKVecs = kRowBytes / (4 * kKVecBytes);
+  static constexpr int kKVecs = kPartBytes / (4 * kKVecBytes);
   static constexpr int kKElemsPerVec = kKVecBytes * 8 / Fmt::kBits;
-  static constexpr int kKWords = kRowBytes / 16;
-  // V: a thread loads an eighth of each of four token rows.
-  static constexpr int kVVecBytes = kRowBytes / 8 < 16 ? kRowBytes / 8 : 16;
-  static constexpr int kVVecs = kRowBytes / (8 * kVVecBytes);
+  static constexpr int kKWords = kPartBytes / 16;
+  // V: a thread loads an eighth of each of four token rows' parts.
+  static constexpr int kVVecBytes = kPartBytes / 8 < 16 ? kPartBytes / 8 : 16;
+  static constexpr int kVVecs = kPartBytes / (8 * kVVecBytes);
   static constexpr int kVElemsPerVec = kVVecBytes * 8 / Fmt::kBits;
-  static constexpr int kVWords = kRowBytes / 32;
-  static constexpr int kKSteps = D / 16;
-  static constexpr int kDTiles = D / 16;
+  static constexpr int kVWords = kPartBytes / 32;
+  static constexpr int kKSteps = kPartD / 16;
+  static constexpr int kDTiles = kPartD / 16;
   // 16-token steps loaded together. HBM latency is hidden only by bytes in
   // flight, so narrower formats load more steps at once: about the same
   // bytes per thread for every format, bounded by registers.
-  static constexpr int kStepBytesPerThread = kRowBytes;  // two K quarter rows + four V eighth rows
+  static constexpr int kStepBytesPerThread = kPartBytes;  // two K quarter rows + four V eighth rows
   // Budgets chosen so that no instantiation spills (ptxas -v; the bf16
   // head_dim-256 register path is at the edge: small changes elsewhere in
   // the kernel have spilled 8-20 bytes there); more steps in flight (nvfp4
   // 384) or 3 CTAs per SM were measured slower (bench/RESULTS.md, v5, v8).
   // Column tiles (NT > 1) hold NT sets of accumulators: the register
-  // stages shrink by as much so that they do not spill either.
+  // stages shrink by as much so that they do not spill either. Parts of
+  // head_dim (HP 2) keep the bytes (twice the steps of half the bytes):
+  // NVFP4 at NT 4 uses 255 registers so, 128 bytes spilled 88.
   static constexpr int kInFlightBytes = (Fmt::kBits == 4 ? 256 : 512) / NT;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);
@@ -141,11 +155,13 @@ struct DecodeConfig {
     return kTma && kKVecs >= 2 ? (i / 2) * 8 + 2 * c + i % 2 : i * 4 + c;
   }
 
-  // Shared memory: the ring, then the warps' outputs for the merge (which
+  // Shared memory: the ring, then the teams' outputs for the merge (which
   // alias the ring: it is dead by then), softmax stats, the ring's barriers,
   // the CTA's split-K record (kCols records of D + 2 floats) for a cluster
-  // merge.
-  static constexpr int kOBufBytes = kWarps * kCols * D * 4;
+  // merge. Teams of two exchange their partial S there before (the records
+  // are written after the barrier that ends every team's steps; the outputs
+  // before it): per team, part and step parity, NT float4 per lane.
+  static constexpr int kOBufBytes = kTeams * kCols * D * 4;
   // The swizzle XORs bits of the absolute shared address, so the ring starts
   // at the first 1024-byte boundary of the CTA's dynamic shared memory
   // (only 16-byte alignment of that is guaranteed: a second CTA on the SM
@@ -153,10 +169,12 @@ struct DecodeConfig {
   static constexpr int kRingAlign = 1024;
   static constexpr int kRingBytes = kTma ? kWarps * kRingStages * kStageBytes + kRingAlign : 0;
   static constexpr int kStatOffset = kOBufBytes > kRingBytes ? kOBufBytes : kRingBytes;
-  static constexpr int kStatBytes = kWarps * kCols * 3 * 4;  // [warp][col] m_run, l, exact max
+  static constexpr int kStatBytes = kTeams * kCols * 3 * 4;  // [team][col] m_run, l, exact max
   static constexpr int kBarOffset = (kStatOffset + kStatBytes + 7) / 8 * 8;
   static constexpr int kRecOffset = (kBarOffset + (kTma ? kWarps * kRingStages * 8 : 0) + 15) / 16 * 16;
-  static constexpr int kSmemBytes = kRecOffset + kCols * (D + 2) * 4;
+  static constexpr int kRecBytes = kCols * (D + 2) * 4;
+  static constexpr int kExchangeBytes = HP == 1 ? 0 : kTeams * HP * 2 * NT * 32 * 16;
+  static constexpr int kSmemBytes = kRecOffset + (kRecBytes > kExchangeBytes ? kRecBytes : kExchangeBytes);
 
   static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory of one CTA on sm_90");
   static_assert(!kTma || kStageBytes % 1024 == 0, "stages keep the swizzle atoms 1024-byte aligned");
@@ -165,7 +183,7 @@ struct DecodeConfig {
   static_assert(kKElemsPerVec % 4 == 0, "a k-step takes 4 elements per thread");
   static_assert(!Fmt::kScaled || kKElemsPerVec % Fmt::kGroupSize == 0, "K vectors must hold whole scale groups");
   static_assert(kDTiles % 2 == 0, "V is converted two tiles at a time");
-  static_assert(k_permutation_ok<Fmt, D>(), "Fmt::k_elem must permute the quarter row, one scale group per k-step");
+  static_assert(k_permutation_ok<Fmt, kPartD>(), "Fmt::k_elem must permute the quarter row, one scale group per k-step");
 };
 
 // Raw cache bytes of kUnroll 16-token steps, as one thread loaded them:

@@ -71,13 +71,14 @@ namespace metrale::kernels {
 
 // kRuns: columns are (query row, q head) pairs of query runs, with sinks,
 // soft-cap and lse (decode_runs.cuh); decode with those options runs it too.
-// NT: the runs kernel's n-tiles of 8 columns (DecodeConfig).
-template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false, int NT = 1>
-__global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThreads)
+// NT: the runs kernel's n-tiles of 8 columns; HP: its parts of head_dim
+// (teams of two warps; DecodeConfig).
+template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false, int NT = 1, int HP = 1>
+__global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kThreads)
     paged_decode_kernel(const __grid_constant__ KernelParams<kRuns> p) {
   static_assert(!(kRuns && kPair), "query runs take one kv head per CTA");
-  static_assert(kRuns || NT == 1, "decode serves a group of at most 8 q heads per tile");
-  using Cfg = DecodeConfig<Fmt, D, kTma, kPair, NT>;
+  static_assert(kRuns || (NT == 1 && HP == 1), "decode serves a group of at most 8 q heads per tile");
+  using Cfg = DecodeConfig<Fmt, D, kTma, kPair, NT, HP>;
   constexpr int kHD = Cfg::kHeadDim;  // elements of a q row, an output row, a record
   using Op = typename Fmt::Op;
   constexpr int U = Cfg::kUnroll;
@@ -86,13 +87,15 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
 
   extern __shared__ uint4 smem[];
   uint8_t* const smem_bytes = reinterpret_cast<uint8_t*>(smem);
-  float* obuf = reinterpret_cast<float*>(smem);        // [warp][col][D]
-  float* m_buf = reinterpret_cast<float*>(smem_bytes + Cfg::kStatOffset);  // [warp][col]
-  float* l_buf = m_buf + Cfg::kWarps * kCols;
-  float* mt_buf = l_buf + Cfg::kWarps * kCols;
+  float* obuf = reinterpret_cast<float*>(smem);        // [team][col][D]
+  float* m_buf = reinterpret_cast<float*>(smem_bytes + Cfg::kStatOffset);  // [team][col]
+  float* l_buf = m_buf + Cfg::kTeams * kCols;
+  float* mt_buf = l_buf + Cfg::kTeams * kCols;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
+  // Teams of HP warps take the same steps; part: this warp's part of head_dim.
+  const int team = warp / HP, part = warp % HP;
 
   int64_t cta = blockIdx.x;
   const int tile = int(cta % p.head_tiles);
@@ -132,19 +135,16 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
   const int32_t span_end = kRuns ? rc.range(cols - 1).end : seq_len;
   const int32_t inner_begin = kRuns ? rc.range(cols - 1).begin : first_pos;
   const int32_t inner_end = kRuns ? rc.range(0).end : seq_len;
-  // Runs: the thread's columns 8n + 2c, 8n + 2c + 1 of n-tile n each mask their own range.
-  int32_t col_begin[NT][2] = {}, col_end[NT][2] = {};
+  // Runs: the thread's columns 8n + 2c, 8n + 2c + 1 of n-tile n each mask
+  // their own range (held as its end, which gives the begin; 0 past
+  // the tile's columns: nothing attended).
+  int32_t col_end[NT][2] = {};
   if constexpr (kRuns) {
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (8 * n + 2 * c + j < cols) {
-          const QueryRange r = rc.range(8 * n + 2 * c + j);
-          col_begin[n][j] = r.begin;
-          col_end[n][j] = r.end;
-        }
-      }
+      for (int j = 0; j < 2; ++j)
+        if (8 * n + 2 * c + j < cols) col_end[n][j] = rc.range(8 * n + 2 * c + j).end;
   }
 
   // Q^T as B fragments of the QK k-steps, in registers: q head g of the
@@ -155,7 +155,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
   // column holds its q in both halves (each half's k-steps feed one
   // head's logits; the other head's products are never used, so the
   // columns need no zeros and a NaN in one head's K stays there).
-  // Column tiles (NT > 1): n-tile n's fragment holds column 8n + g.
+  // Column tiles (NT > 1): n-tile n's fragment holds column 8n + g. Parts
+  // of head_dim (HP 2): the warp's k-steps are those of its half.
   uint32_t qf[NT][Cfg::kKSteps][2];
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
       for (int r = 0; r < 4; ++r) {
         constexpr int kEK = Cfg::kKElemsPerVec;
         const int e = Fmt::k_elem(kk, r);
-        const int d = Cfg::k_vector(e / kEK, c) * kEK + e % kEK;
+        const int d = part * Cfg::kPartD + Cfg::k_vector(e / kEK, c) * kEK + e % kEK;
         x[r] = qc < cols ? codec::bf16_to_float(q_row[kPair ? d % kHD : d]) : 0.0f;
       }
       qf[n][kk][0] = pack2<Op>(x[0], x[1]);  // exact for bf16; f16 as docs/numerics.md says
@@ -178,7 +179,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
     }
   }
 
-  // O^T tiles: o[n][m] = rows (g, g+8) of head_dim tile m, columns 8n + (2c, 2c+1).
+  // O^T tiles: o[n][m] = rows (g, g+8) of head_dim tile m (of the warp's
+  // part), columns 8n + (2c, 2c+1).
   float o[NT][Cfg::kDTiles][4];
   float m_run[NT][2], m_true[NT][2], l_part[NT][2];
 #pragma unroll
@@ -195,8 +197,20 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
   bool bad_page = false;
 
   const int32_t split_pos0 = pages.first * p.block_size;  // position of step 0
-  SplitSteps<Cfg> steps(p, seq, pages, warp, lane);
+  SplitSteps<Cfg> steps(p, seq, pages, team, lane);
 
+  // Teams of two: a step's partial S go through shared memory, [team][step
+  // parity][part][n-tile][lane] float4 (a quarter warp's stores and loads
+  // are 128 contiguous bytes). Two parities: a warp writes step i + 2's
+  // only after both passed step i + 1's barrier, so after its teammate read
+  // step i's.
+  float4* const s_exchange = reinterpret_cast<float4*>(smem_bytes + Cfg::kRecOffset) + team * 2 * HP * NT * 32;
+  int s_parity = 0;
+
+  // Two MMA chains per n-tile where registers allow (head_dim 256 has none
+  // to spare); with parts of head_dim, each n-tile's chain is half as long
+  // (4 k-steps at 128, as decode's two chains) and takes one.
+  constexpr bool kTwoChains = HP == 1 && D <= 128;
   // Attention over the steps held in `b`: QK, online softmax, PV.
   const bool odd_tokens_swapped = Cfg::kSwapOddTokens && (g & 1);
   auto compute = [&](StepBuffers<Cfg>& b) {
@@ -238,7 +252,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
         // Two chains per n-tile: with one per n-tile, two n-tiles ran a
         // chain of 8 dependent MMAs per step (NVFP4 q_len 4: "wait" the
         // largest stall, 31% of the samples, ncu, session 17).
-        const bool odd_chain = kPair ? kk >= Cfg::kKSteps / 2 : kk % 2 && D <= 128;
+        const bool odd_chain = kPair ? kk >= Cfg::kKSteps / 2 : kk % 2 && kTwoChains;
 #pragma unroll
         for (int n = 0; n < NT; ++n) mma_16816<Op>(odd_chain ? s_odd[n] : s[n], a, qf[n][kk][0], qf[n][kk][1]);
       }
@@ -248,9 +262,24 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
         for (int r = 0; r < 4; ++r) {
           if constexpr (kPair)
             s[n][r] = (2 * c + r % 2 >= cols / 2) != odd_tokens_swapped ? s_odd[n][r] : s[n][r];  // the column's head
-          else if constexpr (D <= 128)
+          else if constexpr (kTwoChains)
             s[n][r] += s_odd[n][r];
         }
+      if constexpr (HP == 2) {
+        // S over the whole head_dim: this warp's half plus its teammate's,
+        // the same sum in both (addition commutes), so both keep the same
+        // softmax state and weights.
+        float4* const xs = s_exchange + s_parity * HP * NT * 32;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) xs[(part * NT + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+        asm volatile("bar.sync %0, 64;\n" ::"r"(1 + team) : "memory");
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const float4 t = xs[((1 - part) * NT + n) * 32 + lane];
+          s[n][0] += t.x, s[n][1] += t.y, s[n][2] += t.z, s[n][3] += t.w;
+        }
+        s_parity ^= 1;
+      }
       // Logits in log2 units; positions outside [first_pos, seq_len) are masked.
       // Most steps lie wholly inside the attended range (warp-uniform test)
       // and skip the V masking below.
@@ -280,8 +309,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
           for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-              const int32_t t = pos0 + g + 8 * (r / 2);
-              const bool ok = live && t >= col_begin[n][r % 2] && t < col_end[n][r % 2];
+              const int32_t t = pos0 + g + 8 * (r / 2), end = col_end[n][r % 2];
+              const bool ok = live && t >= window_start(end, rc.window) && t < end;
               x[n][r] = ok ? x[n][r] : kNegInf;
             }
         }
@@ -383,7 +412,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
     loads.run(compute);
     bad_page = loads.bad_page;
   } else {
-    RegisterLoads<Cfg> loads(p, steps, kv_head, g, c);
+    RegisterLoads<Cfg> loads(p, steps, kv_head, part, g, c);
     loads.run(compute);
     bad_page = loads.bad_page;
   }
@@ -410,12 +439,13 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
   // consecutive d) are free of bank conflicts (the plain layout put up to 8
   // lanes of a store on one bank; with it the stores took 0.6 us per CTA).
   // Column tiles swizzle alike (each n-tile's stores are instructions of their own).
+  // Teams of two: [team][col][D], each warp its part of d; the state once.
   constexpr int kEV = Cfg::kVElemsPerVec;
   auto o_index = [](int col, int d) {
     const int tcol = NT == 1 ? col : col % 8;
     return col * D + (d ^ ((tcol >> 1) + 4 * ((d >> 5) & (kEV / 4 - 1))));
   };
-  float* my_o = obuf + warp * kCols * D;
+  float* my_o = obuf + team * kCols * D;
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -423,23 +453,23 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int e = 2 * m + r / 2, col = 8 * n + 2 * c + r % 2;
-        my_o[o_index(col, ((e / kEV) * 8 + g) * kEV + e % kEV)] = o[n][m][r];
+        my_o[o_index(col, part * Cfg::kPartD + ((e / kEV) * 8 + g) * kEV + e % kEV)] = o[n][m][r];
       }
     }
-  if (g == 0) {
+  if (g == 0 && part == 0) {
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        m_buf[warp * kCols + 8 * n + 2 * c + j] = m_run[n][j];
-        l_buf[warp * kCols + 8 * n + 2 * c + j] = l_part[n][j];
-        mt_buf[warp * kCols + 8 * n + 2 * c + j] = m_true[n][j];
+        m_buf[team * kCols + 8 * n + 2 * c + j] = m_run[n][j];
+        l_buf[team * kCols + 8 * n + 2 * c + j] = l_part[n][j];
+        mt_buf[team * kCols + 8 * n + 2 * c + j] = m_true[n][j];
       }
   }
   const bool bad = __syncthreads_or(bad_page);
 
   // Warp w writes the outputs of columns w, w + kWarps: each of its lanes
-  // merges those columns' four warp states (log2 units, softmax_state.hpp;
+  // merges those columns' team states (log2 units, softmax_state.hpp;
   // the same values in every lane), then sums 32 consecutive d per pass. No
   // second barrier, and every warp has work at a group of 4 (warp 0
   // computing every weight behind a second barrier, then a rolled pass
@@ -451,12 +481,13 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
   static_assert(kHD % 32 == 0 && kCols % Cfg::kWarps == 0, "whole passes over the tile's outputs");
 #pragma unroll 1
   for (int col = warp; col < cols; col += Cfg::kWarps) {
-    // The warps' states against their reference maxima; MT: the exact max.
-    softmax::State<softmax::Log2> ws[Cfg::kWarps];
+    // The teams' states against their reference maxima; MT: the exact max.
+    constexpr int kT = Cfg::kTeams;
+    softmax::State<softmax::Log2> ws[kT];
     softmax::Merge<softmax::Log2> mg;
     float MT = kNegInf;
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) {
+    for (int w = 0; w < kT; ++w) {
       ws[w] = {m_buf[w * kCols + col], l_buf[w * kCols + col]};
       mg.see_max(ws[w]);  // a NaN logit's l spreads through the sums below
       MT = fmaxf(MT, mt_buf[w * kCols + col]);
@@ -466,16 +497,17 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
       constexpr float kLog2e = 1.4426950408889634f;
       if (p.sinks && !p.cluster_merge && p.workspace == nullptr) mg.sink = p.sinks[rc.head(col)] * kLog2e;
     }
-    // wt[w] scales warp w's O^T to the merged state; L = sum of the weights.
-    float wt[Cfg::kWarps];
+    // wt[w] scales team w's O^T to the merged state; L = sum of the weights.
+    float wt[kT];
 #pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) wt[w] = ws[w].scale(mg.M);
-    static_assert(Cfg::kWarps == 4, "the sum of L below");
-    const float L = (ws[0].l * wt[0] + ws[1].l * wt[1]) + (ws[2].l * wt[2] + ws[3].l * wt[3]);
+    for (int w = 0; w < kT; ++w) wt[w] = ws[w].scale(mg.M);
+    static_assert(kT == 4 || kT == 2, "the sum of L below");
+    float L = ws[0].l * wt[0] + ws[1].l * wt[1];
+    if constexpr (kT == 4) L += ws[2].l * wt[2] + ws[3].l * wt[3];
 #pragma unroll
-    // L = 0: nothing attended, output 0. A NaN L (some warp's l) makes every
-    // weight NaN, also where no warp attended a finite logit (M = -inf).
-    for (int w = 0; w < Cfg::kWarps; ++w) wt[w] = L == 0.0f ? 0.0f : wt[w] / mg.denominator(L);
+    // L = 0: nothing attended, output 0. A NaN L (some team's l) makes every
+    // weight NaN, also where no team attended a finite logit (M = -inf).
+    for (int w = 0; w < kT; ++w) wt[w] = L == 0.0f ? 0.0f : wt[w] / mg.denominator(L);
     const int64_t qh = int64_t(head0 + col);
     // The column's output row: (sequence or query row) * num_q_heads + q head.
     const int64_t out_row = kRuns ? int64_t(rc.row(col)) * p.num_q_heads + rc.head(col) : seq * p.num_q_heads + qh;
@@ -493,7 +525,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT>::kThread
       const int d = lane + 32 * i;
       float v = 0.0f;
 #pragma unroll
-      for (int w = 0; w < Cfg::kWarps; ++w) v += obuf[w * kCols * D + o_index(col, d0 + d)] * wt[w];
+      for (int w = 0; w < kT; ++w) v += obuf[w * kCols * D + o_index(col, d0 + d)] * wt[w];
       v = mg.nan ? qnan : v * p.v_factor;
       if (rec == nullptr) {
         p.out[out_row * kHD + d] = codec::float_to_bf16(v);

@@ -51,17 +51,19 @@ struct RegisterLoads {
     return head_off + (2 * c + Cfg::vtok(t)) * row_stride + g * Cfg::kVVecBytes;
   }
 
-  __device__ __forceinline__ RegisterLoads(const DecodeParams& p_, SplitSteps<Cfg>& steps_, int kv_head, int g_,
-                                           int c_)
+  // part: the warp's half of head_dim (DecodeConfig's HP; 0 for whole rows).
+  __device__ __forceinline__ RegisterLoads(const DecodeParams& p_, SplitSteps<Cfg>& steps_, int kv_head, int part,
+                                           int g_, int c_)
       : p(p_), steps(steps_), g(g_), c(c_) {
     row_stride = p.num_kv_heads * Cfg::kRowBytes;
-    head_off = kv_head * Cfg::kRowBytes;
+    head_off = kv_head * Cfg::kRowBytes + part * Cfg::kPartBytes;
 #pragma unroll
     for (int t = 0; t < 2; ++t) k_off[t] = k_offset(t);
 #pragma unroll
     for (int t = 0; t < 4; ++t) v_off[t] = v_offset(t);
     srow = p.num_kv_heads * (D / Fmt::kGroupSize);
-    const int32_t scale_head = int32_t(p.scale_offset) + kv_head * (D / Fmt::kGroupSize);
+    const int32_t scale_head =
+        int32_t(p.scale_offset) + kv_head * (D / Fmt::kGroupSize) + part * (Cfg::kPartD / Fmt::kGroupSize);
     const int v_grp = Cfg::kVElemsPerVec >= Fmt::kGroupSize ? g * Cfg::kVScalesPerVec : g / 2;
 #pragma unroll
     for (int t = 0; t < 2; ++t) ks_off[t] = scale_head + (g + 8 * t) * srow + c * kKScalesPerVec;

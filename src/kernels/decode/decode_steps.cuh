@@ -12,8 +12,9 @@
 
 namespace metrale::kernels {
 
-// Warps take groups of U = Cfg::kUnroll consecutive steps round-robin: warp
-// w's group k holds steps first_step(k) .. first_step(k) + U - 1.
+// Teams (warps, or pairs of warps that split head_dim: DecodeConfig's HP)
+// take groups of U = Cfg::kUnroll consecutive steps round-robin: team w's
+// group k holds steps first_step(k) .. first_step(k) + U - 1.
 //
 // Page ids of the warp's steps come from a window held in its lanes (lane
 // j: step j % U of group win_base + j / U), 32 steps per block-table read,
@@ -25,11 +26,11 @@ namespace metrale::kernels {
 template <class Cfg>
 struct SplitSteps {
   static constexpr int U = Cfg::kUnroll;
-  static constexpr int kStride = Cfg::kWarps * U;
+  static constexpr int kStride = Cfg::kTeams * U;
   static_assert(32 % U == 0, "a window holds whole groups");
   static constexpr int kWinGroups = 32 / U;
 
-  int warp, lane;
+  int warp, lane;  // warp: the team's index
   int total_steps;
   int spp_shift, spp_mask;  // block_size is a power of two: step -> (page, token) by shift and mask
   const int32_t* table;     // the sequence's block-table row
