@@ -88,8 +88,8 @@ int main(int argc, char** argv) {
   app.add_flag("--mixed", mixed, "lengths uniform in [1, CONTEXT]");
   app.add_option("--q-len", q_len, "query rows per sequence (> 1: query runs through run_attn, SYSTEM.md 8)")
       ->check(CLI::Range(1, 4096));
-  app.add_option("--col-tiles", col_tiles, "runs kernel: n-tiles of 8 columns per CTA (0 = planner, 1, 2, 4)")
-      ->check(CLI::IsMember({0, 1, 2, 4}));
+  app.add_option("--col-tiles", col_tiles, "runs kernel: n-tiles of 8 columns per CTA (0 = planner, 1, 2)")
+      ->check(CLI::Range(0, 2));
   app.add_option("--head-dim-parts", head_dim_parts,
                  "runs kernel: 0 = planner, 1, 2 = head_dim split over teams of two warps (NVFP4)")
       ->check(CLI::Range(0, 2));
@@ -113,8 +113,11 @@ int main(int argc, char** argv) {
   options.pairing = decode_pairing_from_string(pairing);  // the names CLI11 checked above
   options.load_path = decode_load_path_from_string(load_path);
   options.merge = decode_merge_from_string(merge);
-  options.col_tiles = col_tiles;
-  options.head_dim_parts = head_dim_parts;
+  // The runs kernel's tiling applies to the q_len > 1 plan only (the q_len 1
+  // decode plan beside it keeps the decode kernel's).
+  DecodePlanOptions runs_options = options;
+  runs_options.col_tiles = col_tiles;
+  runs_options.head_dim_parts = head_dim_parts;
   const DecodeTarget target = cuda::decode_target();
   int qh = 32, kvh = 8;
   if (std::sscanf(heads.c_str(), "%d/%d", &qh, &kvh) != 2) throw CLI::ValidationError("--heads", heads);
@@ -220,7 +223,7 @@ int main(int argc, char** argv) {
         auto runs_args = [&](int replica) {
           return w.runs_args(replica, rout, q, int64_t(qh) * head_dim, q_start, nrows);
         };
-        const DecodePlan rplan = plan_decode(decode_problem(runs_args(0), w.max_seq_len(), q_len), target, options);
+        const DecodePlan rplan = plan_decode(decode_problem(runs_args(0), w.max_seq_len(), q_len), target, runs_options);
         float* rws = nullptr;
         cuda_ok(cudaMalloc(&rws, std::max<size_t>(rplan.workspace_bytes, 16)), "cudaMalloc(workspace)");
         const int per_graph = std::max(w.replicas(), std::min(20, 4 * w.replicas()));

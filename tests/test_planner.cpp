@@ -235,58 +235,58 @@ TEST(Planner, QueryRunsTileTheirColumns) {
   EXPECT_EQ(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000)).col_tiles, 1);
 }
 
-// NVFP4 runs of more than 8 columns per kv head split head_dim over teams of
-// two warps (geometry::runs_can_split_head_dim): 2 n-tiles up to 16 columns,
-// 4 above at head_dim 128, 2 at 256; one tile (short splits) keeps whole
-// rows; the other formats never split it, and forcing it where it cannot
-// run throws.
-TEST(Planner, Nvfp4RunsSplitHeadDimOverTeamsOfTwoWarps) {
-  DecodeProblem p = problem(16, 8, 4, 8192, 0, KvFormat::nvfp4);
+// NVFP4 runs at head_dim 256 of more than 8 columns per kv head split
+// head_dim over teams of two warps with 2 n-tiles (geometry::
+// runs_can_split_head_dim); 8 columns or fewer, or one tile (short splits),
+// keep whole rows; head_dim 128 and the other formats never split it, and
+// forcing it where it cannot run throws.
+TEST(Planner, Nvfp4RunsSplitHeadDim256OverTeamsOfTwoWarps) {
+  DecodeProblem p = problem(16, 8, 4, 8192, 0, KvFormat::nvfp4, 256);
   p.max_q_len = 4;  // 16 columns
   const DecodePlan q4 = plan_decode(p, gpu_like(1000));
   EXPECT_EQ(q4.head_dim_parts, 2);
   EXPECT_EQ(q4.col_tiles, 2);
+  EXPECT_EQ(q4.head_tiles, 1);
   EXPECT_EQ(q4.kernel().head_dim_parts, 2);
   DecodePlanOptions runs_only;
   runs_only.prefill = DecodePrefill::off;
-  p.max_q_len = 8;  // 32 columns: one tile of 4 n-tiles
+  p.max_q_len = 8;  // 32 columns: two tiles of 16
   const DecodePlan q8 = plan_decode(p, gpu_like(1000), runs_only);
   EXPECT_EQ(q8.head_dim_parts, 2);
-  EXPECT_EQ(q8.col_tiles, 4);
-  EXPECT_EQ(q8.head_tiles, 1);
+  EXPECT_EQ(q8.head_tiles, 2);
+  EXPECT_TRUE(plan_decode(p, gpu_like(1000)).prefill);  // the planner's: the prefill kernel
   p.max_q_len = 2;  // 8 columns: whole rows
   EXPECT_EQ(plan_decode(p, gpu_like(1000)).head_dim_parts, 1);
-  DecodeProblem wide = problem(16, 8, 4, 8192, 0, KvFormat::nvfp4, 256);
-  wide.max_q_len = 8;
-  const DecodePlan w = plan_decode(wide, gpu_like(1000), runs_only);
-  EXPECT_EQ(w.head_dim_parts, 2);
-  EXPECT_EQ(w.col_tiles, 2);
-  EXPECT_EQ(w.head_tiles, 2);
-  DecodeProblem one = problem(1, 8, 4, 4096, 0, KvFormat::nvfp4);
+  DecodeProblem one = problem(1, 8, 4, 4096, 0, KvFormat::nvfp4, 256);
   one.max_q_len = 4;  // short splits: one tile, whole rows
   EXPECT_EQ(plan_decode(one, gpu_like(1000)).col_tiles, 1);
   EXPECT_EQ(plan_decode(one, gpu_like(1000)).head_dim_parts, 1);
-  DecodeProblem fp8 = problem(16, 8, 4, 8192, 0, KvFormat::fp8_e4m3);
-  fp8.max_q_len = 4;
-  EXPECT_EQ(plan_decode(fp8, gpu_like(1000)).head_dim_parts, 1);
+  for (auto [f, d] : {std::pair{KvFormat::nvfp4, 128}, std::pair{KvFormat::fp8_e4m3, 256}}) {
+    DecodeProblem other = problem(16, 8, 4, 8192, 0, f, d);
+    other.max_q_len = 4;
+    EXPECT_EQ(plan_decode(other, gpu_like(1000)).head_dim_parts, 1) << to_string(f) << " d" << d;
+    DecodePlanOptions o;
+    o.head_dim_parts = 2;
+    EXPECT_THROW(plan_decode(other, gpu_like(1000), o), Unsupported) << to_string(f) << " d" << d;
+  }
   DecodePlanOptions o;
   o.head_dim_parts = 2;
-  EXPECT_THROW(plan_decode(fp8, gpu_like(1000), o), Unsupported);
-  EXPECT_THROW(plan_decode(problem(4, 8, 4, 4096, 0, KvFormat::nvfp4), gpu_like(1000), o), Unsupported);  // decode
+  EXPECT_THROW(plan_decode(problem(4, 8, 4, 4096, 0, KvFormat::nvfp4, 256), gpu_like(1000), o), Unsupported);  // decode
+  p.max_q_len = 4;
   o.col_tiles = 1;
   EXPECT_THROW(plan_decode(p, gpu_like(1000), o), Unsupported);
-  o.col_tiles = 4;
-  EXPECT_THROW(plan_decode(wide, gpu_like(1000), o), Unsupported);
-  EXPECT_EQ(plan_decode(p, gpu_like(1000), o).col_tiles, 4);
+  o.col_tiles = 2;
+  EXPECT_EQ(plan_decode(p, gpu_like(1000), o).head_dim_parts, 2);
   o.head_dim_parts = 1;
-  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), Unsupported);
+  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), Unsupported);  // two tiles of whole rows at 256
   o.head_dim_parts = 3;
   EXPECT_THROW(plan_decode(p, gpu_like(1000), o), InvalidArgument);
   DecodePlanOptions whole;
   whole.head_dim_parts = 1;
-  p.max_q_len = 4;
-  EXPECT_EQ(plan_decode(p, gpu_like(1000), whole).head_dim_parts, 1);
-  EXPECT_EQ(plan_decode(p, gpu_like(1000), whole).col_tiles, 2);
+  const DecodePlan w = plan_decode(p, gpu_like(1000), whole);
+  EXPECT_EQ(w.head_dim_parts, 1);
+  EXPECT_EQ(w.col_tiles, 1);
+  EXPECT_EQ(w.head_tiles, 2);
   whole.prefill = DecodePrefill::on;
   EXPECT_THROW(plan_decode(p, gpu_like(1000), whole), Unsupported);
 }

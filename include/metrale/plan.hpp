@@ -84,9 +84,9 @@ struct DecodePlanOptions {
   DecodePairing pairing = DecodePairing::automatic;
   DecodeLoadPath load_path = DecodeLoadPath::automatic;
   DecodeMerge merge = DecodeMerge::automatic;
-  int32_t col_tiles = 0;  // runs kernel: 0 = the planner's; 1, 2 (or 4 with head_dim_parts 2) n-tiles of 8 columns per CTA
+  int32_t col_tiles = 0;  // runs kernel: 0 = the planner's; 1 or 2 n-tiles of 8 columns per CTA
   // runs kernel: 0 = the planner's; 1; 2 = head_dim split over the two warps
-  // of a team (NVFP4 at head_dim 128 / 256, 2 or 4 column tiles at 128, 2 at 256)
+  // of a team (NVFP4 at head_dim 256, with 2 column tiles)
   int32_t head_dim_parts = 0;
   DecodePrefill prefill = DecodePrefill::automatic;  // on: query runs in the prefill kernel
   // The prefill kernel's launch order (prefill on only): -1 = the planner's;

@@ -31,24 +31,21 @@ constexpr int32_t kMinTokensPerSplit = 128;
 // of Q^T at head_dim 128); head_dim 256 keeps one (its accumulators alone
 // are 64 registers per n-tile).
 //
-// With head_dim split over teams of two warps (head_dim_parts 2: each warp
-// loads, dequantises and accumulates half of every row; DecodeConfig's HP)
-// an n-tile costs a thread half the registers: 2 or 4 n-tiles at head_dim
-// 128 (4: 255 registers, no spill), 2 at 256. Only for NVFP4, whose runs
-// kernel is bound by its dequantisation instructions, which the columns of
-// a CTA share (docs/query_runs.md); fewer than 9 columns keep whole rows.
-constexpr int32_t kMaxRunsColTiles = 4;
+// NVFP4 at head_dim 256 splits head_dim over teams of two warps instead
+// (head_dim_parts 2: each warp loads, dequantises and accumulates half of
+// every row; DecodeConfig's HP), so an n-tile costs a thread half the
+// registers and it takes two: a run of 4 rows at GQA 4 dequantises its pages
+// once, not twice (0.64-0.72x the time, session 23; whole rows where the
+// columns fit one n-tile: there the teams' duplicated softmax and exchange
+// cost 1.05-1.16x). At head_dim 128, which has two n-tiles of whole rows,
+// the teams lost: 2 n-tiles 1.16-1.44x, 4 n-tiles 1.18-1.38x the prefill
+// kernel at q_len 8 (docs/query_runs.md).
+constexpr int32_t kMaxRunsColTiles = 2;
 constexpr bool runs_can_split_head_dim(bool scaled_format, int32_t head_dim) {
-  return scaled_format && (head_dim == 128 || head_dim == 256);
-}
-constexpr int32_t runs_max_col_tiles(int32_t head_dim, int32_t head_dim_parts) {
-  if (head_dim_parts == 2) return head_dim == 128 ? 4 : 2;
-  return head_dim <= 128 ? 2 : 1;
+  return scaled_format && head_dim == 256;
 }
 constexpr int32_t runs_col_tiles(int32_t head_dim, int32_t head_dim_parts, int64_t columns) {
-  const int32_t most = runs_max_col_tiles(head_dim, head_dim_parts);
-  if (columns <= kDecodeQHeadsPerCta) return head_dim_parts == 2 ? 2 : 1;
-  return columns <= 2 * kDecodeQHeadsPerCta || most == 2 ? 2 : most;
+  return (head_dim <= 128 || head_dim_parts == 2) && columns > kDecodeQHeadsPerCta ? kMaxRunsColTiles : 1;
 }
 
 // The prefill kernel (kernels/prefill): a CTA serves this many packed

@@ -151,8 +151,7 @@ int32_t fill_splits(int64_t base_ctas, int64_t attended, int64_t wave, int64_t m
 
 // The runs kernel's column tiles where the caller leaves them to the planner:
 // geometry::runs_col_tiles (two n-tiles where a kv head has more than 8
-// columns; with head_dim parts four where it has more than 16, at 128), but
-// one where two would leave splits of fewer than 512 tokens
+// columns), but one where two would leave splits of fewer than 512 tokens
 // (2-4 steps per warp: the CTA's fixed costs, doubled columns, dominate), and
 // for the formats on the TMA path when the one-tile grid fills less than half
 // a wave and needs at most two tiles per kv head (the two one-tile CTAs of a
@@ -264,23 +263,23 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   // rows fills ceil(n * unit_group / (8 * col_tiles)) tiles.
   const int64_t columns = int64_t(p.max_q_len) * plan.unit_group;
   const bool runs = p.runs_kernel();
-  METRALE_CHECK_ARG(opt.col_tiles == 0 || opt.col_tiles == 1 || opt.col_tiles == 2 || opt.col_tiles == 4, "col_tiles",
-                    opt.col_tiles, "0 (the planner's), 1, 2 or 4");
+  METRALE_CHECK_ARG(opt.col_tiles >= 0 && opt.col_tiles <= kMaxRunsColTiles, "col_tiles", opt.col_tiles,
+                    "0 (the planner's) or 1.." + std::to_string(kMaxRunsColTiles));
   METRALE_CHECK_ARG(opt.head_dim_parts >= 0 && opt.head_dim_parts <= 2, "head_dim_parts", opt.head_dim_parts,
                     "0 (the planner's), 1 or 2");
   const bool can_split_head_dim = runs && runs_can_split_head_dim(kv_format_desc(p.layout.format).group_size > 0, D);
   if (opt.head_dim_parts == 2 && !can_split_head_dim)
     detail::throw_unsupported("head_dim_parts", 2,
-                              "1 except for query runs (or attention options) over NVFP4 at head_dim 128 or 256");
+                              "1 except for query runs (or attention options) over NVFP4 at head_dim 256");
   // The runs kernel's parts of head_dim: the caller's, or two where they
-  // can be and the CTA takes more than 8 columns (or 2-4 forced n-tiles).
+  // can be and the CTA takes more than 8 columns (or 2 forced n-tiles).
   int32_t parts = opt.head_dim_parts;
   if (parts == 0)
     parts = can_split_head_dim && (opt.col_tiles == 0 ? columns > kDecodeQHeadsPerCta : opt.col_tiles > 1) ? 2 : 1;
-  if (opt.col_tiles > (runs ? runs_max_col_tiles(D, parts) : 1) || (parts == 2 && opt.col_tiles == 1))
+  if ((opt.col_tiles > 1 && (!runs || (D > 128 && parts == 1))) || (parts == 2 && opt.col_tiles == 1))
     detail::throw_unsupported("col_tiles", opt.col_tiles,
-                              "1 except for query runs (or attention options): 1 or 2 at head_dim <= 128; with "
-                              "head_dim_parts 2, 2 or 4 at 128 and 2 at 256");
+                              "1 except for query runs (or attention options) at head_dim <= 128 or with "
+                              "head_dim_parts 2; 2 with head_dim_parts 2");
   const int64_t wave = int64_t(target.num_sms) * kDecodeCtasPerSm;
 
   // The prefill kernel: tiles of kPrefillRowsPerCta packed rows, split-K where its grid is short.

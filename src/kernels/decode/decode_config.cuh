@@ -45,18 +45,19 @@ constexpr int kTmaMaxStageSteps = 2;
 // NT: n-tiles of 8 columns per CTA (the runs kernel's column tiles,
 // geometry::runs_col_tiles): every dequantised K and V fragment feeds NT
 // MMAs, so one pass over the pages serves 8 * NT (query row, q head) columns.
-// HP: parts of head_dim (1 or 2; geometry::runs_head_dim_parts). With 2 the
-// warps work in teams of two: both take the same steps, each loads and
+// HP: parts of head_dim (1 or 2; geometry::runs_can_split_head_dim). With 2
+// the warps work in teams of two: both take the same steps, each loads and
 // dequantises one half of every K and V row (part = warp % 2), computes S
 // over its half for all columns, adds its teammate's half through shared
 // memory (decode_kernel.cuh) and runs PV for its half of head_dim. A team
-// keeps one softmax state; no element is dequantised twice, and a thread
-// holds the accumulators of NT / 2 n-tiles of a whole-row warp.
+// keeps one softmax state (computed by both warps); no element is
+// dequantised twice, and a thread holds the accumulators of one n-tile of
+// a whole-row warp per two n-tiles.
 template <class Fmt, int D, bool kTma = false, bool kPair = false, int NT = 1, int HP = 1>
 struct DecodeConfig {
   static_assert(!kPair || D == 128, "pairs of head_dim-64 heads");
   static_assert(NT >= 1 && (!kPair || NT == 1), "column tiles of unpaired heads");
-  static_assert(HP == 1 || (HP == 2 && !kTma && !kPair), "head_dim parts on the register path, unpaired heads");
+  static_assert(HP == 1 || (HP == 2 && !kTma && !kPair && NT == 2), "head_dim parts on the register path, 2 n-tiles");
   using Format = Fmt;
   static constexpr int kD = D;            // the kernel's head_dim (128 for a pair)
   static constexpr bool kTmaPath = kTma;  // K/V through the TMA ring
@@ -97,8 +98,7 @@ struct DecodeConfig {
   // 384) or 3 CTAs per SM were measured slower (bench/RESULTS.md, v5, v8).
   // Column tiles (NT > 1) hold NT sets of accumulators: the register
   // stages shrink by as much so that they do not spill either. Parts of
-  // head_dim (HP 2) keep the bytes (twice the steps of half the bytes):
-  // NVFP4 at NT 4 uses 255 registers so, 128 bytes spilled 88.
+  // head_dim (HP 2) keep the bytes (twice the steps of half the bytes).
   static constexpr int kInFlightBytes = (Fmt::kBits == 4 ? 256 : 512) / NT;
   static constexpr int kUnrollRaw = kInFlightBytes / kStepBytesPerThread;
   static constexpr int kInFlightSteps = kUnrollRaw < 1 ? 1 : (kUnrollRaw > 8 ? 8 : kUnrollRaw);

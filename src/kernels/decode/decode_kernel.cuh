@@ -19,7 +19,9 @@
 // bf16 and fp8 through TMA into a per-warp ring of shared-memory stages
 // (kTma), NVFP4 into further register stages. Each warp keeps its own
 // online-softmax state and output accumulator in registers, with no barrier
-// in the main loop, and the warps merge through shared memory at the end.
+// in the main loop, and the warps merge through shared memory at the end
+// (the runs kernel over NVFP4 at head_dim 256 splits head_dim over teams of
+// two warps instead: DecodeConfig's HP, a CTA barrier per step).
 // A split-K CTA writes its split's record to the workspace, or, launched as
 // a cluster of the splits (cluster_merge_records), merges the records of
 // its cluster straight into the output.
@@ -201,9 +203,10 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kTh
 
   // Teams of two: a step's partial S go through shared memory, [team][step
   // parity][part][n-tile][lane] float4 (a quarter warp's stores and loads
-  // are 128 contiguous bytes). Two parities: a warp writes step i + 2's
-  // only after both passed step i + 1's barrier, so after its teammate read
-  // step i's.
+  // are 128 contiguous bytes), one CTA barrier per step (the teams take the
+  // same number of steps: SplitSteps::has_group). Two parities: a warp
+  // writes step i + 2's only after every warp passed step i + 1's barrier,
+  // so after its teammate read step i's.
   float4* const s_exchange = reinterpret_cast<float4*>(smem_bytes + Cfg::kRecOffset) + team * 2 * HP * NT * 32;
   int s_parity = 0;
 
@@ -272,7 +275,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kTh
         float4* const xs = s_exchange + s_parity * HP * NT * 32;
 #pragma unroll
         for (int n = 0; n < NT; ++n) xs[(part * NT + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
-        asm volatile("bar.sync %0, 64;\n" ::"r"(1 + team) : "memory");
+        __syncthreads();
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
           const float4 t = xs[((1 - part) * NT + n) * 32 + lane];

@@ -36,15 +36,13 @@ struct DecodeInstance {
 // (DecodeConfig says why not NVFP4); and the runs kernel (query runs,
 // sinks, soft-cap, lse) at head_dim 64, 128, 256 on both paths, at 64 and
 // 128 also with the column tiles of geometry::runs_col_tiles, and for NVFP4
-// with head_dim split over teams of two warps (geometry::runs_max_col_tiles:
-// 2 or 4 column tiles at 128, 2 at 256).
+// at 256 with head_dim split over teams of two warps and two column tiles
+// (geometry::runs_can_split_head_dim).
 template <class Fmt, bool kTma, class F>
 void with_decode_head_dim(const DecodeKernelId& id, F&& f) {
-  static_assert(geometry::kMaxRunsColTiles == 4, "the column tiles instantiated below");
+  static_assert(geometry::kMaxRunsColTiles == 2, "the column tiles instantiated below");
   if (id.runs && id.head_dim_parts == 2) {
     if constexpr (Fmt::kScaled && !kTma) {
-      if (id.head_dim == 128 && id.col_tiles == 2) return f(DecodeInstance<Fmt, 128, false, false, true, 2, 2>{});
-      if (id.head_dim == 128 && id.col_tiles == 4) return f(DecodeInstance<Fmt, 128, false, false, true, 4, 2>{});
       if (id.head_dim == 256 && id.col_tiles == 2) return f(DecodeInstance<Fmt, 256, false, false, true, 2, 2>{});
     }
   } else if (id.runs && id.col_tiles == 2) {
@@ -69,7 +67,7 @@ void with_decode_head_dim(const DecodeKernelId& id, F&& f) {
   }
   detail::throw_unsupported("head_dim", id.head_dim,
                             "64, 128, 256 (128 for a pair of kv heads of 64; 64 or 128 for 2 column tiles; "
-                            "NVFP4 128 or 256 for head_dim parts)");
+                            "NVFP4 256 for head_dim parts)");
 }
 template <class Fmt, class F>
 void with_decode_instance(const DecodeKernelId& id, F&& f) {

@@ -52,7 +52,12 @@ struct SplitSteps {
   }
 
   __device__ __forceinline__ int first_step(int k) const { return warp * U + kStride * k; }
-  __device__ __forceinline__ bool has_group(int k) const { return first_step(k) < total_steps; }
+  // Teams of two warps (HP 2) exchange through a CTA barrier per step, so
+  // every team takes as many groups as the first (the last ones may hold no
+  // step of the split: nothing loaded, everything masked).
+  __device__ __forceinline__ bool has_group(int k) const {
+    return (Cfg::kParts > 1 ? 0 : warp * U) + kStride * k < total_steps;
+  }
   // Token offset of step `st` inside its page.
   __device__ __forceinline__ int32_t token0(int st) const { return (st & spp_mask) * Cfg::kStepTokens; }
 
