@@ -134,14 +134,10 @@ inline PagedAttnArgs attn_args(const DecodeArgs& d) {
 struct QueryRange {
   int32_t begin, end;
 };
-// First attended position of a sequence of length L (or a row whose range
-// ends at L) under window W.
-METRALE_HD int32_t window_start(int32_t seq_len, int32_t sliding_window) {
-  return (sliding_window > 0 && seq_len > sliding_window) ? seq_len - sliding_window : 0;
-}
 METRALE_HD QueryRange query_range(int32_t seq_len, int32_t run_len, int32_t j, int32_t sliding_window) {
   const int32_t end = seq_len - run_len + j + 1;
-  return QueryRange{window_start(end, sliding_window), end};
+  const int32_t begin = sliding_window > 0 && end > sliding_window ? end - sliding_window : 0;
+  return QueryRange{begin, end};
 }
 // A row's range inside a shard view of positions [view_start, view_start +
 // view_len), in the view's own positions (0 = view_start); {0, 0} if empty.
@@ -179,6 +175,10 @@ METRALE_HD PageRange split_pages(PageRange attended, int32_t split, int32_t num_
   return PageRange{a < attended.end ? a : attended.end, b < attended.end ? b : attended.end};
 }
 
+// First attended position of a sequence of length L under window W.
+METRALE_HD int32_t window_start(int32_t seq_len, int32_t sliding_window) {
+  return (sliding_window > 0 && seq_len > sliding_window) ? seq_len - sliding_window : 0;
+}
 METRALE_HD PageRange attended_pages(int32_t seq_len, int32_t sliding_window, int32_t block_size) {
   return PageRange{window_start(seq_len, sliding_window) / block_size, (seq_len + block_size - 1) / block_size};
 }

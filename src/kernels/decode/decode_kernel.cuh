@@ -137,16 +137,19 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kTh
   const int32_t span_end = kRuns ? rc.range(cols - 1).end : seq_len;
   const int32_t inner_begin = kRuns ? rc.range(cols - 1).begin : first_pos;
   const int32_t inner_end = kRuns ? rc.range(0).end : seq_len;
-  // Runs: the thread's columns 8n + 2c, 8n + 2c + 1 of n-tile n each mask
-  // their own range (held as its end, which gives the begin; 0 past
-  // the tile's columns: nothing attended).
-  int32_t col_end[NT][2] = {};
+  // Runs: the thread's columns 8n + 2c, 8n + 2c + 1 of n-tile n each mask their own range.
+  int32_t col_begin[NT][2] = {}, col_end[NT][2] = {};
   if constexpr (kRuns) {
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        if (8 * n + 2 * c + j < cols) col_end[n][j] = rc.range(8 * n + 2 * c + j).end;
+      for (int j = 0; j < 2; ++j) {
+        if (8 * n + 2 * c + j < cols) {
+          const QueryRange r = rc.range(8 * n + 2 * c + j);
+          col_begin[n][j] = r.begin;
+          col_end[n][j] = r.end;
+        }
+      }
   }
 
   // Q^T as B fragments of the QK k-steps, in registers: q head g of the
@@ -312,8 +315,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kTh
           for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-              const int32_t t = pos0 + g + 8 * (r / 2), end = col_end[n][r % 2];
-              const bool ok = live && t >= window_start(end, rc.window) && t < end;
+              const int32_t t = pos0 + g + 8 * (r / 2);
+              const bool ok = live && t >= col_begin[n][r % 2] && t < col_end[n][r % 2];
               x[n][r] = ok ? x[n][r] : kNegInf;
             }
         }
