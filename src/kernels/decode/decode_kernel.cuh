@@ -214,8 +214,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kTh
   int s_parity = 0;
 
   // Two MMA chains per n-tile where registers allow (head_dim 256 has none
-  // to spare); with parts of head_dim, each n-tile's chain is half as long
-  // (4 k-steps at 128, as decode's two chains) and takes one.
+  // to spare; with parts of head_dim, its two n-tiles are two chains of the
+  // half's 8 k-steps).
   constexpr bool kTwoChains = HP == 1 && D <= 128;
   // Attention over the steps held in `b`: QK, online softmax, PV.
   const bool odd_tokens_swapped = Cfg::kSwapOddTokens && (g & 1);
