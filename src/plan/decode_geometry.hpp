@@ -35,7 +35,7 @@ constexpr int32_t kMinTokensPerSplit = 128;
 // (head_dim_parts 2: each warp loads, dequantises and accumulates half of
 // every row; DecodeConfig's HP), so an n-tile costs a thread half the
 // registers and it takes two: a run of 4 rows at GQA 4 dequantises its pages
-// once, not twice (0.64-0.72x the time, session 23; whole rows where the
+// once, not twice (0.67-0.76x the time, session 23; whole rows where the
 // columns fit one n-tile: there the teams' duplicated softmax and exchange
 // cost 1.05-1.16x). At head_dim 128, which has two n-tiles of whole rows,
 // the teams lost: 2 n-tiles 1.16-1.44x, 4 n-tiles 1.18-1.38x the prefill

@@ -51,8 +51,8 @@ constexpr int kTmaMaxStageSteps = 2;
 // over its half for all columns, adds its teammate's half through shared
 // memory (decode_kernel.cuh) and runs PV for its half of head_dim. A team
 // keeps one softmax state (computed by both warps); no element is
-// dequantised twice, and a thread holds the accumulators of one n-tile of
-// a whole-row warp per two n-tiles.
+// dequantised twice, and two n-tiles cost a thread the accumulator
+// registers of one n-tile of whole rows.
 template <class Fmt, int D, bool kTma = false, bool kPair = false, int NT = 1, int HP = 1>
 struct DecodeConfig {
   static_assert(!kPair || D == 128, "pairs of head_dim-64 heads");
