@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   CLI::App app{"metrale prefill benchmark: query runs over the paged cache"};
   std::string formats = "bf16,fp8,nvfp4", shapes = "1024,4096,8192,16384,2048+30720,ragged8", heads = "32/8";
   std::string prefill = "automatic", json_path;
-  int head_dim = 128, block_size = 16, window = 0, splits = 0, tile_band = -1;
+  int head_dim = 128, block_size = 16, window = 0, splits = 0, tile_band = -1, tile_pairs = -1;
   double peak = 989.4;
   app.add_option("--formats", formats, "comma list of bf16, fp8, nvfp4");
   app.add_option("--shapes", shapes, "comma list of N, N+P, BxN+P, ragged8");
@@ -90,6 +90,10 @@ int main(int argc, char** argv) {
                  "the prefill kernel's launch order with --prefill on (-1 = the planner's, 0 = the 3-D grid, n = "
                  "bands of n row tiles; DecodePlanOptions::tile_band)")
       ->check(CLI::Range(-1, 1 << 20));
+  app.add_option("--tile-pairs", tile_pairs,
+                 "the prefill kernel's CTA pairs with --prefill on (-1 = the planner's, 0 = off, 1 = on; "
+                 "DecodePlanOptions::tile_pairs)")
+      ->check(CLI::Range(-1, 1));
   app.add_option("--peak-tflops", peak, "dense BF16 tensor-core peak the fractions are of (H100/H200 SXM: 989.4)");
   app.add_option("--json", json_path, "write rows as JSON");
   std::string l2 = "cold";
@@ -114,6 +118,7 @@ int main(int argc, char** argv) {
   options.prefill = decode_prefill_from_string(prefill);
   options.num_splits = splits;
   options.tile_band = tile_band;
+  options.tile_pairs = tile_pairs;
   const DecodeTarget target = cuda::decode_target();
   nlohmann::json rows = nlohmann::json::array();
   bool failed = false;
@@ -166,7 +171,8 @@ int main(int argc, char** argv) {
       const double gbps = w.attended_bytes() / (us * 1e3);  // the attended cache read once
       const std::string kernel =
           std::string(plan.prefill ? "prefill " : "runs ") + std::to_string(plan.num_splits) + " splits" +
-          (plan.prefill && plan.tile_band > 0 ? ", band " + std::to_string(plan.tile_band) : "");
+          (plan.prefill && plan.tile_band > 0 ? ", band " + std::to_string(plan.tile_band) : "") +
+          (plan.tile_pairs ? ", pairs" : "");
       // --check: the other kernel (runs kernel with the planner's splits, or the
       // prefill kernel forced) on replica 0; the worst rel. L2 per (row, head).
       std::string check;
@@ -176,6 +182,7 @@ int main(int argc, char** argv) {
         other.prefill = plan.prefill ? DecodePrefill::off : DecodePrefill::on;
         other.num_splits = 0;
         other.tile_band = -1;
+        other.tile_pairs = -1;
         const DecodePlan alt = plan_decode(decode_problem(args(0), w.max_seq_len(), max_run), target, other);
         const size_t n = size_t(nrows) * row_elems;
         std::vector<bf16> a(n), b(n);

@@ -272,12 +272,15 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
       if (variant == 1) o.num_splits = int32_t(2 + rng() % 11);
       // The launch orders: the planner's, the 3-D grid, bands of 1-4 tiles.
       if (variant < 2) o.tile_band = int32_t(pick(rng, -1, 0, 1, 2, 4));
+      // CTA pairs: the planner's, off, on.
+      if (variant < 2) o.tile_pairs = int32_t(pick(rng, -1, 0, 1));
       const bool with_lse = rng() % 2;
       EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
       const std::vector<float> lse = dr.lse_host();
       expect_runs_match(rp, ref, dr.out_host(),
                         std::string(dr.plan.prefill ? "prefill kernel" : "runs kernel") + ", splits " +
-                            std::to_string(dr.plan.num_splits) + ", tile band " + std::to_string(dr.plan.tile_band),
+                            std::to_string(dr.plan.num_splits) + ", tile band " + std::to_string(dr.plan.tile_band) +
+                            (dr.plan.tile_pairs ? ", pairs" : ""),
                         with_lse ? &lse : nullptr);
     }
     if (HasFailure()) break;
@@ -312,6 +315,7 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     DeviceRuns dr(rp);
     DecodePlanOptions o;
     o.prefill = DecodePrefill::on;
+    o.tile_pairs = int32_t(pick(rng, -1, 0, 1));
     const bool with_lse = rng() % 2;
     EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
     ASSERT_TRUE(dr.plan.prefill);
@@ -337,10 +341,12 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     o.prefill = DecodePrefill::on;
     o.num_splits = int32_t(2 + rng() % 15);
     o.tile_band = int32_t(pick(rng, 0, 1, 3, 8, 64));
+    o.tile_pairs = o.tile_pairs == 0 ? 1 : 0;  // pairs off where the single pass had them (the planner's: on)
     EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
     const std::vector<bf16> split = dr.out_host();
     const Comparison cmp_split = compare_decode(split.data(), ref, rp.rows(), c.num_q_heads(), c.head_dim, 2e-2);
     EXPECT_TRUE(cmp_split.ok) << "prefill kernel, " << o.num_splits << " splits, tile band " << dr.plan.tile_band
+                              << (dr.plan.tile_pairs ? ", pairs" : "")
                               << ", against the runs kernel: " << cmp_split.report;
     if (HasFailure()) break;
   }

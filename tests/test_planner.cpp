@@ -303,6 +303,7 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   EXPECT_TRUE(pre.prefill);
   EXPECT_TRUE(pre.kernel().prefill);
   EXPECT_EQ(pre.head_tiles, 256);
+  EXPECT_TRUE(pre.tile_pairs);  // CTA pairs wherever a run has two row tiles
   EXPECT_EQ(pre.tile_band, 0);  // 8 kv heads' K and V over 8192 positions: 32 MiB, within L2
   EXPECT_EQ(pre.num_splits, 1);
   EXPECT_EQ(pre.merge, DecodeMerge::single_pass);
@@ -322,9 +323,14 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   DecodeProblem ragged = problem(8, 8, 4, 4096);  // at most 128 MiB
   ragged.max_q_len = 4096;
   ragged.num_q_rows = 8 * 2048;
-  EXPECT_EQ(plan_decode(ragged, gpu_like(1000)).tile_band, (kH200Sms + 7) / 8);
-  ragged.max_q_len = 64;  // 2 tiles: bands of one
-  EXPECT_EQ(plan_decode(ragged, gpu_like(1000)).tile_band, 1);
+  EXPECT_EQ(plan_decode(ragged, gpu_like(1000)).tile_band, (kH200Sms + 7) / 8 + 1);  // 17, whole pairs: 18
+  ragged.max_q_len = 64;  // 2 tiles: bands of one, of a pair with pairs
+  EXPECT_EQ(plan_decode(ragged, gpu_like(1000)).tile_band, 2);
+  DecodePlanOptions alone;
+  alone.prefill = DecodePrefill::on;
+  alone.tile_pairs = 0;
+  EXPECT_EQ(plan_decode(ragged, gpu_like(1000), alone).tile_band, 1);
+  EXPECT_FALSE(plan_decode(ragged, gpu_like(1000), alone).tile_pairs);
   ragged.max_q_len = 32;  // a tile per run: no CTAs share pages, the 3-D grid
   ragged.num_q_rows = 8 * 32;
   DecodePlanOptions on;
@@ -339,6 +345,29 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   on = {};
   on.tile_band = 2;  // only for the prefill kernel
   EXPECT_THROW(plan_decode(longer, gpu_like(1000), on), Unsupported);
+  on = {};
+  on.tile_pairs = 1;  // likewise
+  EXPECT_THROW(plan_decode(longer, gpu_like(1000), on), Unsupported);
+  on.prefill = DecodePrefill::on;
+  on.tile_pairs = 2;
+  EXPECT_THROW(plan_decode(longer, gpu_like(1000), on), InvalidArgument);
+  // CTA pairs: an odd tile count gets an empty last tile; one tile has no
+  // pair; the dequantising formats at head_dim 256 run alone.
+  on.tile_pairs = 1;
+  DecodeProblem three = problem(4, 8, 4, 4096);
+  three.max_q_len = 96;  // 384 rows: 3 tiles
+  const DecodePlan paired = plan_decode(three, gpu_like(1000), on);
+  EXPECT_TRUE(paired.tile_pairs);
+  EXPECT_EQ(paired.head_tiles, 4);
+  EXPECT_EQ(paired.ctas_per_seq, 8 * 4);
+  three.max_q_len = 32;
+  EXPECT_FALSE(plan_decode(three, gpu_like(1000), on).tile_pairs);
+  for (const KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4})
+    for (const int32_t d : {64, 128, 256}) {
+      DecodeProblem q = problem(4, 8, 4, 4096, 0, f, d);
+      q.max_q_len = 96;
+      EXPECT_EQ(plan_decode(q, gpu_like(1000), on).tile_pairs, f == KvFormat::bf16 || d < 256) << int(f) << " d" << d;
+    }
   p.max_q_len = 8192;
   // Verification over a long context: every format from 8 tokens at GQA 4
   // (32 rows), 8 CTAs split 16 ways.

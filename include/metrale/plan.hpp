@@ -93,6 +93,10 @@ struct DecodePlanOptions {
   // 0 = the 3-D grid; n > 0 = bands of n row tiles on a 1-D grid (at most
   // the plan's head_tiles).
   int32_t tile_band = -1;
+  // The prefill kernel's CTA pairs (prefill on only): -1 = the planner's; 0 =
+  // off; 1 = clusters of two adjacent row tiles sharing their K / V loads
+  // wherever a run has two tiles.
+  int32_t tile_pairs = -1;
 };
 
 // One decode kernel instantiation: format x the kernel's head_dim (128 for a
@@ -140,6 +144,10 @@ struct DecodePlan {
   bool prefill = false;
   int32_t head_tiles = 0;    // tiles of 8 * col_tiles columns (prefill: of 128 rows) per kv unit
   int32_t tile_band = 0;     // prefill: row tiles per band of the launch order (0: the 3-D grid)
+  // prefill: CTA pairs, clusters of two adjacent row tiles of a run that walk
+  // the same K / V tiles, each CTA's producer filling every other one into
+  // both (head_tiles and tile_band are then even; docs/prefill.md)
+  bool tile_pairs = false;
   int64_t ctas_per_seq = 0;  // kv_units * head_tiles
   size_t workspace_bytes = 0;  // f32 split-K workspace the run needs (merge == workspace), else 0
 

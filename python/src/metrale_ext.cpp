@@ -852,6 +852,7 @@ NB_MODULE(_metrale, m) {
       .def_ro("head_dim_parts", &DecodePlan::head_dim_parts)
       .def_ro("head_tiles", &DecodePlan::head_tiles)
       .def_ro("tile_band", &DecodePlan::tile_band)
+      .def_ro("tile_pairs", &DecodePlan::tile_pairs)
       .def_ro("prefill", &DecodePlan::prefill)
       .def("__repr__", [](const DecodePlan& p) {
         return concat("DecodePlan(num_splits=", p.num_splits, ", merge=", to_string(p.merge),

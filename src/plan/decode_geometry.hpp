@@ -77,6 +77,11 @@ constexpr int32_t kPrefillShortRunsMinAttended = 4096;
 constexpr int32_t kPrefillMinTokensPerSplit = 1024;
 // Its grid is (kv heads x splits, sequences, tiles): y and z at most 65535.
 constexpr int64_t kPrefillMaxGridYZ = 65535;
+// CTA pairs (docs/prefill.md): two adjacent row tiles of a run as a cluster,
+// each CTA's producer filling every other K / V tile into both. The
+// dequantising producers at head_dim 256 have no registers for the pair's
+// code (56-64 per thread: ptxas spilled 214-286 bytes), so they run alone.
+constexpr bool prefill_can_pair_tiles(bool dequantised, int32_t head_dim) { return !dequantised || head_dim < 256; }
 
 // head_dim 64: a CTA serves two adjacent kv heads as one head of head_dim
 // 128 (their rows are adjacent in a token's row of the cache), their q

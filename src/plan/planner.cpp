@@ -288,6 +288,10 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
   if (opt.tile_band >= 0 && opt.prefill != DecodePrefill::on)
     detail::throw_unsupported("tile_band", opt.tile_band,
                               "-1 unless prefill is on (the prefill kernel's launch order)");
+  METRALE_CHECK_ARG(opt.tile_pairs >= -1 && opt.tile_pairs <= 1, "tile_pairs", opt.tile_pairs,
+                    "-1 (the planner's), 0 or 1");
+  if (opt.tile_pairs >= 0 && opt.prefill != DecodePrefill::on)
+    detail::throw_unsupported("tile_pairs", opt.tile_pairs, "-1 unless prefill is on (the prefill kernel's CTA pairs)");
   switch (opt.prefill) {
     case DecodePrefill::automatic:
       plan.prefill = prefill_takes(p, target, plan.kv_units, columns, prefill_tiles, opt);
@@ -310,9 +314,17 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
     if (p.num_seqs > kPrefillMaxGridYZ)
       detail::throw_unsupported("prefill", "on", "num_seqs <= 65535 (the grid's y)");
     plan.head_tiles = int32_t(prefill_tiles);
-    plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
     plan.tile_band = opt.tile_band >= 0 ? std::min(opt.tile_band, plan.head_tiles)
                                         : prefill_tile_band(p, target, plan.head_tiles);
+    // CTA pairs wherever a run has two row tiles (the planner's and a forced
+    // 1 alike): an odd tile count gets an empty last tile, and bands whole pairs.
+    plan.tile_pairs = opt.tile_pairs != 0 && plan.head_tiles >= 2 && plan.head_tiles < kPrefillMaxGridYZ &&
+                      prefill_can_pair_tiles(p.layout.format != KvFormat::bf16, D);
+    if (plan.tile_pairs) {
+      plan.head_tiles += plan.head_tiles % 2;
+      plan.tile_band += plan.tile_band % 2;
+    }
+    plan.ctas_per_seq = int64_t(plan.kv_units) * plan.head_tiles;
     plan.num_splits = opt.num_splits > 0                    ? opt.num_splits
                       : opt.merge == DecodeMerge::single_pass ? 1
                                                               : prefill_splits(p, target, plan.grid_x(p.num_seqs));

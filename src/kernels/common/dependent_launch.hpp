@@ -14,11 +14,11 @@ namespace metrale::detail {
 // that kernel's CTAs have run griddepcontrol.launch_dependents, or exited),
 // which hides the launch latency between the two. The kernel must read
 // nothing the earlier kernels wrote before its griddepcontrol.wait.
-// `cluster_y` > 1: thread-block clusters of that many CTAs along y.
+// `cluster` other than 1 x 1 x 1: thread-block clusters of those dimensions.
 struct DependentLaunch {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attrs[2]{};
-  DependentLaunch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, unsigned cluster_y = 1) {
+  DependentLaunch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, dim3 cluster = dim3(1, 1, 1)) {
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem_bytes;
@@ -26,11 +26,11 @@ struct DependentLaunch {
     attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[0].val.programmaticStreamSerializationAllowed = 1;
     attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = 1;
-    attrs[1].val.clusterDim.y = cluster_y;
-    attrs[1].val.clusterDim.z = 1;
+    attrs[1].val.clusterDim.x = cluster.x;
+    attrs[1].val.clusterDim.y = cluster.y;
+    attrs[1].val.clusterDim.z = cluster.z;
     cfg.attrs = attrs;
-    cfg.numAttrs = cluster_y > 1 ? 2 : 1;
+    cfg.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 2 : 1;
   }
 };
 

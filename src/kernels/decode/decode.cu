@@ -94,6 +94,7 @@ RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* wor
   p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
   p.q_start = a.q_start;
   p.tile_band = plan.tile_band;
+  p.tile_pairs = plan.tile_pairs;
   p.sinks = a.sinks;
   if (a.softcap > 0.0f) {
     p.softcap_scale = a.sm_scale * (f.k_scale(a.cache.scales) * f.operand_factor) / a.softcap;
@@ -150,7 +151,9 @@ void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspac
       grid = dim3(unsigned(ctas));
     }
     const RunParams p = make_params(plan, a, workspace);
-    prefill_kernels(plan.problem.layout.format)(p, plan.kernel(), grid, stream);
+    // CTA pairs: clusters of two adjacent row tiles (head_tiles and tile_band are even).
+    const dim3 cluster = !plan.tile_pairs ? dim3(1, 1, 1) : plan.tile_band > 0 ? dim3(2, 1, 1) : dim3(1, 1, 2);
+    prefill_kernels(plan.problem.layout.format)(p, plan.kernel(), grid, cluster, stream);
     return;
   }
   const int64_t grid_x = plan.grid_x(a.num_seqs);

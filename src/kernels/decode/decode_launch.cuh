@@ -89,7 +89,7 @@ void launch_decode(const RunParams& p, const DecodeKernelId& id, int64_t grid_x,
     // The kernel reads nothing before its griddepcontrol.wait.
     detail::launch_dependent(detail::DependentLaunch(dim3(unsigned(grid_x), unsigned(p.num_splits)),
                                                      dim3(I::Cfg::kThreads), I::Cfg::kSmemBytes, stream,
-                                                     unsigned(cluster)),
+                                                     dim3(1, unsigned(cluster), 1)),
                              I::kernel, "paged_decode_kernel", static_cast<const KernelParams<I::kQueryRuns>&>(p));
   });
 }

@@ -63,8 +63,9 @@ namespace metrale::kernels {
 struct PrefillItem {
   int unit, seq, tile;
 };
-__device__ __forceinline__ PrefillItem prefill_item(unsigned cta, unsigned units, unsigned tiles, unsigned band) {
-  const unsigned seqs = gridDim.x / (units * tiles);
+__device__ __forceinline__ PrefillItem prefill_item(unsigned cta, unsigned ctas, unsigned units, unsigned tiles,
+                                                   unsigned band) {
+  const unsigned seqs = ctas / (units * tiles);
   const unsigned full = units * seqs * band;  // CTAs of a whole band
   const unsigned b = cta / full, r = cta % full;
   const unsigned in_band = min(band, tiles - b * band);  // the last band may be short
@@ -94,12 +95,16 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   };
 
   // unit = split * num_kv_heads + kv head (split-K: p.num_splits > 1); a
-  // three-dimensional grid (tile_band 0) is (unit, sequence, tile).
-  const PrefillItem item =
-      p.tile_band > 0
-          ? prefill_item(blockIdx.x, unsigned(p.num_kv_heads * p.num_splits), unsigned(p.head_tiles),
-                         unsigned(p.tile_band))
-          : PrefillItem{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  // three-dimensional grid (tile_band 0) is (unit, sequence, tile). CTA
+  // pairs (p.tile_pairs): clusters of two CTAs along z, or along x on the
+  // one-dimensional grid, whose bands then order pairs of tiles.
+  const int pair_ctas = p.tile_pairs ? 2 : 1;
+  PrefillItem item = PrefillItem{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  if (p.tile_band > 0) {
+    item = prefill_item(blockIdx.x / pair_ctas, gridDim.x / pair_ctas, unsigned(p.num_kv_heads * p.num_splits),
+                        unsigned(p.head_tiles / pair_ctas), unsigned(max(p.tile_band / pair_ctas, 1)));
+    item.tile = item.tile * pair_ctas + int(blockIdx.x % pair_ctas);
+  }
   const int kv_head = item.unit % p.num_kv_heads;
   const int split = item.unit / p.num_kv_heads;
   const int64_t seq = item.seq;
@@ -113,6 +118,19 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   const int32_t group = p.group;
   const int32_t packed = run_len * group;       // the run's packed rows
   const int32_t row_hi = packed - tile * kM;    // the tile's packed rows [row_lo, row_hi)
+  // CTA pairs: tiles 2k (role 0) and 2k + 1 (role 1) of a run, a cluster,
+  // walk the same K / V tiles (the union of their spans), and each CTA's
+  // producer fills every other tile into both CTAs' stages: bf16 by TMA
+  // multicast, fp8 / NVFP4 dequantised here and copied to the other CTA
+  // (cp.async.bulk). So each producer loads and converts half the tiles,
+  // and L2 serves each tile once per pair. A stage's empty barrier counts
+  // the releases of both CTAs' consumer warps. The pair is formed where
+  // tile 2k + 1 has more than 64 rows (not a solo CTA); otherwise both run
+  // alone, as without pairs.
+  const int32_t pair_hi = packed - (tile & ~1) * kM;  // the pair's rows [pair_hi - 2 kM, pair_hi)
+  constexpr bool kCanPair = geometry::prefill_can_pair_tiles(!Loader::kTma, D);
+  const bool paired = kCanPair && p.tile_pairs && pair_hi - 2 * kM + 64 > 0;
+  const int role = tile & 1;
   if (row_hi <= 0) return;
   const int32_t row_lo = row_hi - kM;           // negative in a run's partial first tile
   const int32_t first_row = max(row_lo, 0);
@@ -125,7 +143,8 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   auto range_of = [&](int32_t packed_row) {
     return query_range(seq_len, run_len, packed_row / group, p.sliding_window);
   };
-  const int32_t span_begin = range_of(first_row).begin, span_end = range_of(row_hi - 1).end;
+  const int32_t span_begin = range_of(paired ? max(pair_hi - 2 * kM, 0) : first_row).begin;
+  const int32_t span_end = range_of((paired ? pair_hi : row_hi) - 1).end;
   // The span's tiles from a page-group boundary; a split takes its share of
   // them by the runs kernel's rule (split_pages over tiles; none: an empty
   // record).
@@ -138,12 +157,20 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int op = 0; op < 2; ++op)
       for (int s = 0; s < Cfg::kStages; ++s) {
-        mbar_init(bar_full(op, s), Loader::kThreads);      // the producer's threads
-        mbar_init(bar_empty(op, s), solo ? 4 : 4 * Cfg::kConsumers);  // the consumers' warps
+        // The producer's threads (a pair's dequantising producer: one, below).
+        mbar_init(bar_full(op, s), paired && !Loader::kTma ? 1 : Loader::kThreads);
+        // The consumers' warps (a pair: both CTAs').
+        mbar_init(bar_empty(op, s), (paired ? 2 : 1) * (solo ? 4 : 4 * Cfg::kConsumers));
       }
     fence_mbarrier_init();
   }
-  __syncthreads();  // the barriers are initialised
+  // The barriers are initialised (a pair: both CTAs', before either signals the other's).
+  if (paired)
+    cluster_sync();
+  else
+    __syncthreads();
+  const uint32_t peer = cluster_ctarank() ^ 1u;  // a pair's other CTA
+  auto owns = [&](int t) { return !paired || (t & 1) == role; };  // this CTA's producer fills tile t
   const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
   const PrefillRows rows{table, seq_len, p.block_size, p.num_kv_heads, kv_head, p.num_blocks, p.page_stride,
                          p.scale_offset};
@@ -159,6 +186,16 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   constexpr int kVLag = Cfg::kOverlap ? 1 : 0;
   auto wait_empty = [&](int op, int t) {
     if (t >= Cfg::kStages) mbar_wait(bar_empty(op, t % Cfg::kStages), ((t / Cfg::kStages) - 1) & 1);
+  };
+  // A pair's producer leaves once both CTAs' consumers gave back its last
+  // stages: the other CTA's releases arrive on this CTA's barriers, so it
+  // must not exit before them (CUTLASS's producer tail).
+  auto drain = [&] {
+    if (!paired) return;
+    for (int t = num_tiles; t < num_tiles + Cfg::kStages; ++t) {
+      wait_empty(0, t);
+      wait_empty(1, t);
+    }
   };
   auto p0_of = [&](int t) { return p_begin + t * kN; };
   // The dequantising formats' loads of steps first, first + step, ... (one
@@ -176,6 +213,26 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // consumers' order (V of t - kVLag after K of t). Without a lag (head_dim
   // 256) the two orders are one.
   constexpr bool kPairSameTile = Fmt::kBits == 4 && kVLag > 0;
+  // A dequantising producer's stage of operand op is filled: its threads
+  // arrive, or in a pair one arrival per tile, after the owner's threads
+  // stored theirs (a named barrier of the producer warpgroup) and copied the
+  // tile to the other CTA, or announcing the bytes the other CTA's copy brings.
+  auto fill = [&](int op, int s, bool own, int pt) {
+    if (!paired) {
+      mbar_arrive(bar_full(op, s));
+      return;
+    }
+    const uint32_t stage = smem_base + uint32_t(op == 0 ? Cfg::kKOffset(s) : Cfg::kVOffset(s));
+    if (own) {
+      asm volatile("bar.sync 5, 128;\n" ::: "memory");
+      if (pt == 0) {
+        bulk_copy_to_cluster(cluster_addr(stage, peer), stage, Cfg::kTileBytes, cluster_addr(bar_full(op, s), peer));
+        mbar_arrive(bar_full(op, s));
+      }
+    } else if (pt == 0) {
+      mbar_arrive_expect_tx(bar_full(op, s), Cfg::kTileBytes);
+    }
+  };
   auto produce_dequant = [&](auto same_tile, int first, int step, int pt) {
     if constexpr (!Loader::kTma) {
       constexpr int kLag = decltype(same_tile)::value ? 0 : kVLag;
@@ -186,30 +243,40 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       for (int t = first; t < num_tiles + kLag; t += step) {
         typename Loader::Raw rk, rv;
         const int tv = t - kLag;
+        // A pair's producer converts the tiles it owns and copies them to
+        // the other CTA too; of the others it only announces the bytes.
+        const bool own_k = t < num_tiles && owns(t), own_v = tv >= 0 && owns(tv);
         // All of the step's loads in flight while the stages drain (with a
         // lag, V's row located again rather than kept: the producer's
         // registers).
-        if (t < num_tiles) Loader::fetch(p.k_cache, p, at_k, pt, rk);
-        if (!Cfg::kFetchSplit && tv >= 0)
+        if (own_k) Loader::fetch(p.k_cache, p, at_k, pt, rk);
+        if (!Cfg::kFetchSplit && own_v)
           Loader::fetch(p.v_cache, p, kLag == 0 ? at_k : Loader::at(rows, p0_of(tv), pt), pt, rv);
         [[maybe_unused]] const PrefillRowAt at_this = at_k;  // V's row where V is fetched after K's store
         at_k = Loader::at(rows, p0_of(t + step), pt);
         if (t < num_tiles) {
           const int s = t % Cfg::kStages;
           wait_empty(0, t);
-          Loader::store(rk, smem + Cfg::kKOffset(s), pt);
-          wg::fence_proxy_async();
-          mbar_arrive(bar_full(0, s));
+          if (own_k) {
+            Loader::store(rk, smem + Cfg::kKOffset(s), pt);
+            wg::fence_proxy_async();
+          }
+          fill(0, s, own_k, pt);
         }
         if (tv >= 0) {
           const int s = tv % Cfg::kStages;
-          if constexpr (Cfg::kFetchSplit) Loader::fetch(p.v_cache, p, at_this, pt, rv);  // tv == t
+          if constexpr (Cfg::kFetchSplit) {
+            if (own_v) Loader::fetch(p.v_cache, p, at_this, pt, rv);  // tv == t
+          }
           wait_empty(1, tv);
-          Loader::store(rv, smem + Cfg::kVOffset(s), pt);
-          wg::fence_proxy_async();
-          mbar_arrive(bar_full(1, s));
+          if (own_v) {
+            Loader::store(rv, smem + Cfg::kVOffset(s), pt);
+            wg::fence_proxy_async();
+          }
+          fill(1, s, own_v, pt);
         }
       }
+      drain();
     }
   };
   // The warpgroup through a shuffle: ptxas then knows it is warp-uniform, and
@@ -226,6 +293,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       // One warp issues the boxes; the others leave at once (their wait
       // loops would take issue slots from the consumers' warps).
       if (pt >= Loader::kThreads) return;
+      const uint16_t multicast = paired ? uint16_t(3) : uint16_t(0);  // a pair's boxes land in both CTAs
       // The page ids of tile t + 1 are looked up before the waits of step t.
       typename Loader::Group grp = Loader::lookup(rows, p0_of(0), pt), grp_prev{};
       for (int t = 0; t < num_tiles + kVLag; ++t) {
@@ -233,17 +301,19 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
         if (t < num_tiles) {
           wait_empty(0, t);
           Loader::load(&p.k_map, p.k_cache, rows, p0_of(t), grp, smem_base + Cfg::kKOffset(t % Cfg::kStages),
-                       bar_full(0, t % Cfg::kStages), pt);
+                       bar_full(0, t % Cfg::kStages), pt, owns(t), multicast);
         }
         if (t >= kVLag) {
           const int tv = t - kVLag;
           wait_empty(1, tv);
           Loader::load(&p.v_map, p.v_cache, rows, p0_of(tv), kVLag ? grp_prev : grp,
-                       smem_base + Cfg::kVOffset(tv % Cfg::kStages), bar_full(1, tv % Cfg::kStages), pt);
+                       smem_base + Cfg::kVOffset(tv % Cfg::kStages), bar_full(1, tv % Cfg::kStages), pt, owns(tv),
+                       multicast);
         }
         grp_prev = grp;
         grp = grp_next;
       }
+      drain();
     } else {
       // (Elsewhere one copy of the loop: a second one spilled at head_dim 256.)
       if constexpr (kPairSameTile) {
@@ -359,7 +429,10 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   auto wait_full = [&](int op, int t) { mbar_wait(bar_full(op, stage_of(t)), (t / Cfg::kStages) & 1); };
   auto release = [&](int op, int t) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(op, stage_of(t)));
+    if (lane == 0) {
+      mbar_arrive(bar_empty(op, stage_of(t)));
+      if (paired) mbar_arrive_cluster(cluster_addr(bar_empty(op, stage_of(t)), peer));  // the other CTA's producer fills it too
+    }
   };
   // S = Q K^T of tile t (issued, committed; the caller waits).
   auto issue_qk = [&](float (&sacc)[kSAccs], int t) {

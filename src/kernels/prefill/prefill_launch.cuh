@@ -24,13 +24,15 @@ struct PrefillInstance {
   }
 };
 
-// Grid (kv units, sequences, row tiles), or one-dimensional in bands (prefill_item).
+// Grid (kv units, sequences, row tiles), or one-dimensional in bands
+// (prefill_item); clusters of `cluster` CTAs (CTA pairs: two).
 template <class Fmt>
-void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, cudaStream_t stream) {
+void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, dim3 cluster, cudaStream_t stream) {
   auto go = [&](auto inst) {
     using I = decltype(inst);
     I::allow_smem();
-    detail::launch_dependent(detail::DependentLaunch(grid, dim3(I::Cfg::kThreads), I::Cfg::kSmemBytes, stream),
+    detail::launch_dependent(
+        detail::DependentLaunch(grid, dim3(I::Cfg::kThreads), I::Cfg::kSmemBytes, stream, cluster),
                              I::kernel, "paged_prefill_kernel", p);
   };
   switch (id.head_dim) {
@@ -41,7 +43,8 @@ void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, cud
   detail::throw_unsupported("head_dim", id.head_dim, "64, 128, 256");
 }
 
-using PrefillLaunch = void (*)(const RunParams& p, const DecodeKernelId& id, dim3 grid, cudaStream_t stream);
+using PrefillLaunch = void (*)(const RunParams& p, const DecodeKernelId& id, dim3 grid, dim3 cluster,
+                              cudaStream_t stream);
 extern const PrefillLaunch kPrefillBf16, kPrefillFp8, kPrefillNvfp4;
 
 }  // namespace metrale::kernels

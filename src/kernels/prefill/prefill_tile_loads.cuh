@@ -80,16 +80,24 @@ struct PrefillTileLoader<Bf16Format, D> {
     if (pt >= kGroups || pos + 16 > rows.seq_len) return {0, 0};
     return {__ldg(rows.table + pos / rows.block_size), pos % rows.block_size};
   }
+  // CTA pairs (prefill_kernel.cuh): `boxes` false where the other CTA of the
+  // pair issues the tile's boxes, and `multicast` (its CTA mask, else 0)
+  // sends them to both; the tail rows each CTA copies for itself.
   __device__ __forceinline__ static void load(const CUtensorMap* map, const uint8_t* cache, const PrefillRows& rows,
-                                              int32_t p0, const Group& grp, uint32_t tile, uint32_t full, int pt) {
+                                              int32_t p0, const Group& grp, uint32_t tile, uint32_t full, int pt,
+                                              bool boxes, uint16_t multicast) {
     const int whole = min(kGroups, max(0, (rows.seq_len - p0) / 16));  // groups inside the sequence
     if (pt == 0) wg::mbar_expect_tx(full, uint32_t(whole * kChunks * 2048));
     __syncwarp();
-    if (pt < whole) {
+    if (pt < whole && boxes) {
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-        tma_load_4d(tile + uint32_t(c * Cfg::kTileTokens * 128 + pt * 2048), map, full, c * 128, rows.kv_head,
-                    grp.tok, grp.page);
+      for (int c = 0; c < kChunks; ++c) {
+        const uint32_t dst = tile + uint32_t(c * Cfg::kTileTokens * 128 + pt * 2048);
+        if (multicast)
+          tma_load_4d_multicast(dst, map, full, c * 128, rows.kv_head, grp.tok, grp.page, multicast);
+        else
+          tma_load_4d(dst, map, full, c * 128, rows.kv_head, grp.tok, grp.page);
+      }
     }
     const int tail_rows = Cfg::kTileTokens - 16 * whole;
     for (int idx = pt; idx < tail_rows * kUnits; idx += kThreads) {
