@@ -315,7 +315,8 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     DeviceRuns dr(rp);
     DecodePlanOptions o;
     o.prefill = DecodePrefill::on;
-    o.tile_pairs = int32_t(pick(rng, -1, 0, 1));
+    const int32_t pairs = int32_t(pick(rng, -1, 0, 1));
+    o.tile_pairs = pairs;
     const bool with_lse = rng() % 2;
     EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
     ASSERT_TRUE(dr.plan.prefill);
@@ -330,6 +331,7 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     }
     expect_rows_match(rp, sample, out, "prefill kernel", with_lse ? &lse : nullptr);
     o.prefill = DecodePrefill::off;
+    o.tile_pairs = -1;  // the prefill kernel's only
     EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
     const std::vector<bf16> other = dr.out_host();
     std::vector<double> ref(other.size());
@@ -341,7 +343,7 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     o.prefill = DecodePrefill::on;
     o.num_splits = int32_t(2 + rng() % 15);
     o.tile_band = int32_t(pick(rng, 0, 1, 3, 8, 64));
-    o.tile_pairs = o.tile_pairs == 0 ? 1 : 0;  // pairs off where the single pass had them (the planner's: on)
+    o.tile_pairs = pairs == 0 ? 1 : 0;  // pairs off where the single pass had them (the planner's: on)
     EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
     const std::vector<bf16> split = dr.out_host();
     const Comparison cmp_split = compare_decode(split.data(), ref, rp.rows(), c.num_q_heads(), c.head_dim, 2e-2);

@@ -86,10 +86,11 @@ __device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, uint32_t rank) {
   return r;
 }
 
-// One arrival on a barrier of another CTA of the cluster (`bar` from cluster_addr),
-// releasing this thread's earlier accesses at cluster scope.
+// One arrival on a barrier of another CTA of the cluster (`bar` from
+// cluster_addr), with the default semantics (as CUTLASS's ClusterBarrier):
+// .release.cluster compiles to a GPU-scope MEMBAR before every arrival.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
 // `bytes` (a multiple of 16) of this CTA's shared memory at `src` into another

@@ -94,7 +94,6 @@ RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* wor
   p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
   p.q_start = a.q_start;
   p.tile_band = plan.tile_band;
-  p.tile_pairs = plan.tile_pairs;
   p.sinks = a.sinks;
   if (a.softcap > 0.0f) {
     p.softcap_scale = a.sm_scale * (f.k_scale(a.cache.scales) * f.operand_factor) / a.softcap;

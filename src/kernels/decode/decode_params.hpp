@@ -62,7 +62,6 @@ struct RunParams : DecodeParams {
   float softcap_log2;        // c * log2(e); 0: no soft-cap
   float* lse;                // [rows, num_q_heads] of the single pass, or null
   int32_t tile_band;         // the prefill kernel's launch order: row tiles per band (plan.tile_band)
-  int32_t tile_pairs;        // the prefill kernel's CTA pairs: clusters of two row tiles (plan.tile_pairs)
 };
 
 template <bool kRuns>

@@ -73,7 +73,8 @@ __device__ __forceinline__ PrefillItem prefill_item(unsigned cta, unsigned ctas,
   return PrefillItem{int(r / per_unit), int(r2 % seqs), int(b * band + r2 / seqs)};
 }
 
-template <class Fmt, int D>
+// kPairs: launched as CTA pairs (clusters of two adjacent row tiles, below).
+template <class Fmt, int D, bool kPairs>
 __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     paged_prefill_kernel(const __grid_constant__ RunParams p) {
   using Cfg = PrefillConfig<Fmt, D>;
@@ -96,9 +97,9 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
 
   // unit = split * num_kv_heads + kv head (split-K: p.num_splits > 1); a
   // three-dimensional grid (tile_band 0) is (unit, sequence, tile). CTA
-  // pairs (p.tile_pairs): clusters of two CTAs along z, or along x on the
-  // one-dimensional grid, whose bands then order pairs of tiles.
-  const int pair_ctas = p.tile_pairs ? 2 : 1;
+  // pairs: clusters of two CTAs along z, or along x on the one-dimensional
+  // grid, whose bands then order pairs of tiles.
+  constexpr int pair_ctas = kPairs ? 2 : 1;
   PrefillItem item = PrefillItem{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   if (p.tile_band > 0) {
     item = prefill_item(blockIdx.x / pair_ctas, gridDim.x / pair_ctas, unsigned(p.num_kv_heads * p.num_splits),
@@ -128,8 +129,8 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // tile 2k + 1 has more than 64 rows (not a solo CTA); otherwise both run
   // alone, as without pairs.
   const int32_t pair_hi = packed - (tile & ~1) * kM;  // the pair's rows [pair_hi - 2 kM, pair_hi)
-  constexpr bool kCanPair = geometry::prefill_can_pair_tiles(!Loader::kTma, D);
-  const bool paired = kCanPair && p.tile_pairs && pair_hi - 2 * kM + 64 > 0;
+  static_assert(!kPairs || geometry::prefill_can_pair_tiles(!Loader::kTma, D), "CTA pairs of this format and head_dim");
+  const bool paired = kPairs && pair_hi - 2 * kM + 64 > 0;
   const int role = tile & 1;
   if (row_hi <= 0) return;
   const int32_t row_lo = row_hi - kM;           // negative in a run's partial first tile
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     cluster_sync();
   else
     __syncthreads();
-  const uint32_t peer = cluster_ctarank() ^ 1u;  // a pair's other CTA
+  const uint32_t peer = kPairs ? cluster_ctarank() ^ 1u : 0u;  // a pair's other CTA
   auto owns = [&](int t) { return !paired || (t & 1) == role; };  // this CTA's producer fills tile t
   const int32_t* table = p.block_tables + seq * p.max_blocks_per_seq;
   const PrefillRows rows{table, seq_len, p.block_size, p.num_kv_heads, kv_head, p.num_blocks, p.page_stride,
@@ -191,10 +192,11 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // stages: the other CTA's releases arrive on this CTA's barriers, so it
   // must not exit before them (CUTLASS's producer tail).
   auto drain = [&] {
-    if (!paired) return;
-    for (int t = num_tiles; t < num_tiles + Cfg::kStages; ++t) {
-      wait_empty(0, t);
-      wait_empty(1, t);
+    if constexpr (kPairs) {
+      for (int t = num_tiles; paired && t < num_tiles + Cfg::kStages; ++t) {
+        wait_empty(0, t);
+        wait_empty(1, t);
+      }
     }
   };
   auto p0_of = [&](int t) { return p_begin + t * kN; };

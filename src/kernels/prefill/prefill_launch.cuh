@@ -13,10 +13,10 @@
 
 namespace metrale::kernels {
 
-template <class Fmt, int D>
+template <class Fmt, int D, bool kPairs>
 struct PrefillInstance {
   using Cfg = PrefillConfig<Fmt, D>;
-  static constexpr auto kernel = paged_prefill_kernel<Fmt, D>;
+  static constexpr auto kernel = paged_prefill_kernel<Fmt, D, kPairs>;
   static void allow_smem() {
     static const bool ok =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
@@ -35,10 +35,19 @@ void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, dim
         detail::DependentLaunch(grid, dim3(I::Cfg::kThreads), I::Cfg::kSmemBytes, stream, cluster),
                              I::kernel, "paged_prefill_kernel", p);
   };
+  // CTA pairs (clusters of two) where the format and head_dim have them.
+  constexpr bool kDequantised = Fmt::kBits < 16;
+  const bool pairs = cluster.x * cluster.y * cluster.z == 2;
+  if (pairs && !geometry::prefill_can_pair_tiles(kDequantised, id.head_dim))
+    detail::throw_unsupported("tile_pairs", 1, "bf16, or head_dim 64 / 128 (the prefill kernel's CTA pairs)");
   switch (id.head_dim) {
-    case 64: return go(PrefillInstance<Fmt, 64>{});
-    case 128: return go(PrefillInstance<Fmt, 128>{});
-    case 256: return go(PrefillInstance<Fmt, 256>{});
+    case 64: return pairs ? go(PrefillInstance<Fmt, 64, true>{}) : go(PrefillInstance<Fmt, 64, false>{});
+    case 128: return pairs ? go(PrefillInstance<Fmt, 128, true>{}) : go(PrefillInstance<Fmt, 128, false>{});
+    case 256:
+      if constexpr (geometry::prefill_can_pair_tiles(kDequantised, 256)) {
+        if (pairs) return go(PrefillInstance<Fmt, 256, true>{});
+      }
+      return go(PrefillInstance<Fmt, 256, false>{});
   }
   detail::throw_unsupported("head_dim", id.head_dim, "64, 128, 256");
 }
