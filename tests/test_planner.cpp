@@ -367,6 +367,11 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
       DecodeProblem q = problem(4, 8, 4, 4096, 0, f, d);
       q.max_q_len = 96;
       EXPECT_EQ(plan_decode(q, gpu_like(1000), on).tile_pairs, f == KvFormat::bf16 || d < 256) << int(f) << " d" << d;
+      // The planner's: head_dim 128 and 256 (where they can), from 4096 attended positions.
+      EXPECT_EQ(plan_decode(q, gpu_like(1000)).tile_pairs, d >= 128 && (f == KvFormat::bf16 || d < 256))
+          << int(f) << " d" << d;
+      q.max_seq_len = q.max_q_len = 1024;
+      EXPECT_FALSE(plan_decode(q, gpu_like(1000)).tile_pairs) << int(f) << " d" << d;
     }
   p.max_q_len = 8192;
   // Verification over a long context: every format from 8 tokens at GQA 4

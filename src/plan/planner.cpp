@@ -316,10 +316,13 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
     plan.head_tiles = int32_t(prefill_tiles);
     plan.tile_band = opt.tile_band >= 0 ? std::min(opt.tile_band, plan.head_tiles)
                                         : prefill_tile_band(p, target, plan.head_tiles);
-    // CTA pairs wherever a run has two row tiles (the planner's and a forced
-    // 1 alike): an odd tile count gets an empty last tile, and bands whole pairs.
-    plan.tile_pairs = opt.tile_pairs != 0 && plan.head_tiles >= 2 && plan.head_tiles < kPrefillMaxGridYZ &&
-                      prefill_can_pair_tiles(p.layout.format != KvFormat::bf16, D);
+    // CTA pairs (decode_geometry.hpp), forced or the planner's, where a run
+    // has two row tiles: an odd tile count gets an empty last tile, and
+    // bands whole pairs.
+    const bool dequantised = p.layout.format != KvFormat::bf16;
+    plan.tile_pairs = plan.head_tiles >= 2 && plan.head_tiles < kPrefillMaxGridYZ &&
+                      (opt.tile_pairs == 1 ? prefill_can_pair_tiles(dequantised, D)
+                                           : opt.tile_pairs == -1 && prefill_pairs_tiles(dequantised, D, attended_len(p)));
     if (plan.tile_pairs) {
       plan.head_tiles += plan.head_tiles % 2;
       plan.tile_band += plan.tile_band % 2;
