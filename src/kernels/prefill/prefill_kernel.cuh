@@ -18,6 +18,10 @@
 // first row's window start to its last row's position, in tiles of
 // kTileTokens.
 //
+// CTA pairs (kPairs): two adjacent row tiles of a run launched as a
+// cluster share their K/V tiles, each CTA's producer filling every other
+// one into both (docs/prefill.md).
+//
 // Warp specialisation: warpgroup 0 is the producer (setmaxnreg down), which
 // fills a ring of kStages K/V stages (full/empty mbarriers); warpgroups 1
 // and 2 are consumers of 64 rows each (setmaxnreg up). Per tile a consumer
