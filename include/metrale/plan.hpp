@@ -110,6 +110,7 @@ struct DecodeKernelId {
   int32_t col_tiles = 1;  // runs kernel: n-tiles of 8 (query row, q head) columns per CTA
   int32_t head_dim_parts = 1;  // runs kernel: 2 = head_dim split over teams of two warps
   bool prefill = false;   // the prefill kernel (query runs; format x head_dim)
+  bool tile_pairs = false;  // prefill: launched as CTA pairs (clusters of two row tiles)
 };
 
 // What the planner knows of the machine that runs the plan:

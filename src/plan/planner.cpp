@@ -118,7 +118,8 @@ DecodeProblem decode_problem(const DecodeArgs& a, int32_t max_seq_len) {
 
 DecodeKernelId DecodePlan::kernel() const {
   return DecodeKernelId{problem.layout.format, pair_kv_heads ? 2 * problem.layout.head_dim : problem.layout.head_dim,
-                        load_path, pair_kv_heads, problem.runs_kernel(), col_tiles, head_dim_parts, prefill};
+                        load_path, pair_kv_heads, problem.runs_kernel(), col_tiles, head_dim_parts, prefill,
+                        tile_pairs};
 }
 
 DecodePlan plan_decode(const DecodeProblem& p, const DecodeTarget& target, const DecodePlanOptions& options) {

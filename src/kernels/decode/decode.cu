@@ -150,9 +150,7 @@ void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspac
       grid = dim3(unsigned(ctas));
     }
     const RunParams p = make_params(plan, a, workspace);
-    // CTA pairs: clusters of two adjacent row tiles (head_tiles and tile_band are even).
-    const dim3 cluster = !plan.tile_pairs ? dim3(1, 1, 1) : plan.tile_band > 0 ? dim3(2, 1, 1) : dim3(1, 1, 2);
-    prefill_kernels(plan.problem.layout.format)(p, plan.kernel(), grid, cluster, stream);
+    prefill_kernels(plan.problem.layout.format)(p, plan.kernel(), grid, stream);
     return;
   }
   const int64_t grid_x = plan.grid_x(a.num_seqs);

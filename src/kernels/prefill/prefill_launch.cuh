@@ -25,9 +25,12 @@ struct PrefillInstance {
 };
 
 // Grid (kv units, sequences, row tiles), or one-dimensional in bands
-// (prefill_item); clusters of `cluster` CTAs (CTA pairs: two).
+// (prefill_item). CTA pairs (id.tile_pairs; head_tiles and tile_band are
+// then even): clusters of two along the tiles, z of the grid or x of the bands.
 template <class Fmt>
-void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, dim3 cluster, cudaStream_t stream) {
+void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, cudaStream_t stream) {
+  const bool pairs = id.tile_pairs;
+  const dim3 cluster = !pairs ? dim3(1, 1, 1) : p.tile_band > 0 ? dim3(2, 1, 1) : dim3(1, 1, 2);
   auto go = [&](auto inst) {
     using I = decltype(inst);
     I::allow_smem();
@@ -35,9 +38,8 @@ void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, dim
         detail::DependentLaunch(grid, dim3(I::Cfg::kThreads), I::Cfg::kSmemBytes, stream, cluster),
                              I::kernel, "paged_prefill_kernel", p);
   };
-  // CTA pairs (clusters of two) where the format and head_dim have them.
+  // CTA pairs where the format and head_dim have them.
   constexpr bool kDequantised = Fmt::kBits < 16;
-  const bool pairs = cluster.x * cluster.y * cluster.z == 2;
   if (pairs && !geometry::prefill_can_pair_tiles(kDequantised, id.head_dim))
     detail::throw_unsupported("tile_pairs", 1, "bf16, or head_dim 64 / 128 (the prefill kernel's CTA pairs)");
   switch (id.head_dim) {
@@ -52,8 +54,7 @@ void launch_prefill(const RunParams& p, const DecodeKernelId& id, dim3 grid, dim
   detail::throw_unsupported("head_dim", id.head_dim, "64, 128, 256");
 }
 
-using PrefillLaunch = void (*)(const RunParams& p, const DecodeKernelId& id, dim3 grid, dim3 cluster,
-                              cudaStream_t stream);
+using PrefillLaunch = void (*)(const RunParams& p, const DecodeKernelId& id, dim3 grid, cudaStream_t stream);
 extern const PrefillLaunch kPrefillBf16, kPrefillFp8, kPrefillNvfp4;
 
 }  // namespace metrale::kernels
