@@ -61,10 +61,10 @@ ROUNDS=1 run_group 3 verify_runs_kernel "--head-dim 128 --prefill off --shapes $
 # '-' as '_' (tools/build_prefill_variants.sh); ko_* are the knockouts.
 bf16_real=(main)
 run_group 1 bf16_d128 "--formats bf16 --head-dim 128 --shapes 1024,8192,16384,2048+30720" \
-  "${bf16_real[@]}" ko_no_loads ko_no_softmax ko_no_exp ko_no_pv
+  "${bf16_real[@]}" ko_no_softmax ko_no_exp ko_no_pv ko_half_loads
 # The real bf16 variants' results, once (--check: against the runs kernel).
 ROUNDS=1 run_group 1 bf16_check "--formats bf16 --head-dim 128 --shapes 1024,2048+30720 --check" "${bf16_real[@]}"
-run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" "${bf16_real[@]}" ko_no_softmax ko_no_exp ko_no_loads
+run_group 1 bf16_d64 "--formats bf16 --head-dim 64 --shapes 8192" "${bf16_real[@]}" ko_no_softmax ko_no_exp
 
 run_group 2 dq_prompts "--formats fp8,nvfp4 --head-dim 128 --shapes 1024,8192,2048+30720 --check" "${dq_builds[@]}"
 for d in 64 256; do

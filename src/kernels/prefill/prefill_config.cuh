@@ -25,8 +25,10 @@ struct PrefillConfig {
   // halves it to keep O (128 registers) and S in a consumer's budget; bf16
   // at head_dim 128 takes 176 (FlashAttention 3's N there), which spreads
   // a step's fixed work (barriers, turns, waits, shuffles) over 1.375 times
-  // the positions, in two stages (S 88 + O 64 + P 44 registers).
-  static constexpr bool kWideTile = Fmt::kBits == 16 && D == 128;
+  // the positions, in two stages (S 88 + O 64 + P 44 registers); so does
+  // bf16 at head_dim 64, in three (1.04-1.11x from 4096 tokens, 0.95x at
+  // 1024: session 25, call 1).
+  static constexpr bool kWideTile = Fmt::kBits == 16 && D <= 128;
   static constexpr int kTileTokens = kWideTile ? 176 : (D <= 128 ? 128 : 64);
   // kOverlap (head_dim <= 128): a consumer issues tile t's PV with tile
   // t + 1's QK and holds two stages at once, so the ring has three. It
@@ -38,8 +40,9 @@ struct PrefillConfig {
   // 168 x 384 registers; in passes, with fewer, it was latency-bound).
   static constexpr bool kOverlap = D <= 128;
   // (Two stages serve the overlap too: K and V have barriers of their own,
-  // so K of t + 1 fills the slot of K of t - 1 while V of t - 1 is read.)
-  static constexpr int kStages = kOverlap && !kWideTile ? 3 : 2;
+  // so K of t + 1 fills the slot of K of t - 1 while V of t - 1 is read.
+  // Wide tiles take two at head_dim 128 (214 KB), three at 64 (148 KB).)
+  static constexpr int kStages = kOverlap && (!kWideTile || D == 64) ? 3 : 2;
   // Register budgets (setmaxnreg) move registers between the warpgroups of
   // the CTA's own allocation (launch bounds of kThreads: 168 per thread,
   // ptxas), so they must fit in it: an increase that does not fit waits forever.
