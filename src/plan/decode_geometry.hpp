@@ -83,7 +83,7 @@ constexpr int64_t kPrefillMaxGridYZ = 65535;
 // code (56-64 per thread: ptxas spilled 214-286 bytes), so they run alone.
 constexpr bool prefill_can_pair_tiles(bool dequantised, int32_t head_dim) { return !dequantised || head_dim < 256; }
 // The planner pairs where a CTA walks enough K / V tiles: at head_dim 128
-// and 256, from 2048 attended positions (fp8: 4096). Session 24, call 3:
+// and 256, from 2048 attended positions. Session 24, call 3:
 // bf16 d128 1.06 / 1.10 / 1.12 / 1.13 at 4096 / 8192 / 16384 tokens / a
 // 2048-token chunk over 30720, NVFP4 1.07-1.10, fp8 1.02-1.05, ragged8
 // 1.00-1.04; at 1024 tokens bf16 and fp8 lost 4-5% (the pair's barrier at
@@ -91,11 +91,12 @@ constexpr bool prefill_can_pair_tiles(bool dequantised, int32_t head_dim) { retu
 // off at 2048 tokens: bf16 1.03-1.04, NVFP4 1.04-1.05, fp8 0.98-0.99; at
 // 3072 (one run) bf16 1.05, NVFP4 1.05, fp8 1.02; bf16 d256 1.02 at 1024,
 // 1.04 at 2048. Not at head_dim 64 (0.94-1.06 by shape, as many losses as
-// gains).
-constexpr int64_t prefill_pairs_min_attended(int32_t code_bits) { return code_bits == 8 ? 4096 : 2048; }
+// gains). fp8 started at 4096 until its warp copies (session 25, call 2:
+// pairs on / off 1.00 / 1.03 / 1.04 at 2048 / 3072 / 4096, NVFP4 1.05 /
+// 1.06 / 1.07).
+constexpr int64_t kPrefillPairsMinAttended = 2048;
 constexpr bool prefill_pairs_tiles(int32_t code_bits, int32_t head_dim, int64_t attended) {
-  return prefill_can_pair_tiles(code_bits < 16, head_dim) && head_dim >= 128 &&
-         attended >= prefill_pairs_min_attended(code_bits);
+  return prefill_can_pair_tiles(code_bits < 16, head_dim) && head_dim >= 128 && attended >= kPrefillPairsMinAttended;
 }
 
 // head_dim 64: a CTA serves two adjacent kv heads as one head of head_dim
