@@ -95,8 +95,8 @@ constexpr bool prefill_can_pair_tiles(bool dequantised, int32_t head_dim) { retu
 // pairs on / off 1.00 / 1.03 / 1.04 at 2048 / 3072 / 4096, NVFP4 1.05 /
 // 1.06 / 1.07).
 constexpr int64_t kPrefillPairsMinAttended = 2048;
-constexpr bool prefill_pairs_tiles(int32_t code_bits, int32_t head_dim, int64_t attended) {
-  return prefill_can_pair_tiles(code_bits < 16, head_dim) && head_dim >= 128 && attended >= kPrefillPairsMinAttended;
+constexpr bool prefill_pairs_tiles(bool dequantised, int32_t head_dim, int64_t attended) {
+  return prefill_can_pair_tiles(dequantised, head_dim) && head_dim >= 128 && attended >= kPrefillPairsMinAttended;
 }
 
 // head_dim 64: a CTA serves two adjacent kv heads as one head of head_dim

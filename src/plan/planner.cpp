@@ -320,10 +320,10 @@ DecodePlan detail::decide_decode_plan(const DecodeProblem& p, const DecodeTarget
     // CTA pairs (decode_geometry.hpp), forced or the planner's, where a run
     // has two row tiles: an odd tile count gets an empty last tile, and
     // bands whole pairs.
-    const int32_t code_bits = kv_format_desc(p.layout.format).code_bits;
+    const bool dequantised = kv_format_desc(p.layout.format).code_bits < 16;
     plan.tile_pairs = plan.head_tiles >= 2 && plan.head_tiles < kPrefillMaxGridYZ &&
-                      (opt.tile_pairs == 1 ? prefill_can_pair_tiles(code_bits < 16, D)
-                                           : opt.tile_pairs == -1 && prefill_pairs_tiles(code_bits, D, attended_len(p)));
+                      (opt.tile_pairs == 1 ? prefill_can_pair_tiles(dequantised, D)
+                                           : opt.tile_pairs == -1 && prefill_pairs_tiles(dequantised, D, attended_len(p)));
     if (plan.tile_pairs) {
       plan.head_tiles += plan.head_tiles % 2;
       plan.tile_band += plan.tile_band % 2;
