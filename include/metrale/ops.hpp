@@ -53,8 +53,9 @@ struct CacheWriteArgs {
 // [max(0, L - W), L) of its cache (W = sliding_window, 0 = whole context).
 // q head h reads kv head h / (num_q_heads / num_kv_heads).
 struct DecodeArgs {
-  const bf16* q = nullptr;               // [num_seqs, q_stride], head h at h*D; 16-byte aligned
-  int64_t q_stride = 0;                  // elements, >= num_q_heads*D, multiple of 8
+  const bf16* q = nullptr;               // head h of sequence i at q + i*q_stride + h*q_head_stride; 16-byte aligned
+  int64_t q_stride = 0;                  // elements between rows, a multiple of 8
+  int64_t q_head_stride = 0;             // elements between heads, a multiple of 8; 0 = head_dim (packed heads)
   int32_t num_seqs = 0;
   int32_t num_q_heads = 0;
   KvCacheView cache;
@@ -67,6 +68,8 @@ struct DecodeArgs {
   // Attention sinks and logit soft-capping (SYSTEM.md 8), as PagedAttnArgs.
   const float* sinks = nullptr;
   float softcap = 0.0f;
+
+  int64_t q_head_stride_used() const { return q_head_stride ? q_head_stride : cache.layout.head_dim; }
 };
 
 // Attention of query runs over the paged cache (SYSTEM.md 8): speculative
@@ -77,8 +80,14 @@ struct DecodeArgs {
 // [max(0, p + 1 - W), p] (causal, aligned to the end of the cache, window W
 // per query). With q_start null every sequence has one row: decode.
 struct PagedAttnArgs {
-  const bf16* q = nullptr;               // [num_q_rows, q_stride], head h at h*D; 16-byte aligned
-  int64_t q_stride = 0;                  // elements, >= num_q_heads*D, multiple of 8
+  // Head h of query row r at q + r*q_stride + h*q_head_stride, head_dim
+  // contiguous values: rows of a fused QKV projection (q_head_stride =
+  // head_dim), or any (rows, heads, head_dim) view with a unit inner stride,
+  // e.g. transformers' (1, heads, tokens, head_dim) query read as (tokens,
+  // heads, head_dim): q_stride = head_dim, q_head_stride = tokens*head_dim.
+  const bf16* q = nullptr;               // 16-byte aligned
+  int64_t q_stride = 0;                  // elements between rows, a multiple of 8
+  int64_t q_head_stride = 0;             // elements between heads, a multiple of 8; 0 = head_dim (packed heads)
   const int32_t* q_start = nullptr;      // [num_seqs + 1], non-decreasing, q_start[0] = 0, q_start[num_seqs] = num_q_rows
   int32_t num_seqs = 0;
   int32_t num_q_rows = 0;                // rows of q, out and lse (num_seqs when q_start is null)
@@ -107,6 +116,9 @@ struct PagedAttnArgs {
   // CPU backend only for now: the CUDA entry points throw Unsupported.
   const int32_t* kv_start = nullptr;     // [num_seqs]
   const int32_t* kv_lens = nullptr;      // [num_seqs], kv_start[i] + kv_lens[i] <= seq_lens[i]
+
+  // The head stride in force (head_dim where 0).
+  int64_t q_head_stride_used() const { return q_head_stride ? q_head_stride : cache.layout.head_dim; }
 };
 
 // A decode call as query runs of one row each.
@@ -114,6 +126,7 @@ inline PagedAttnArgs attn_args(const DecodeArgs& d) {
   PagedAttnArgs a;
   a.q = d.q;
   a.q_stride = d.q_stride;
+  a.q_head_stride = d.q_head_stride;
   a.num_seqs = d.num_seqs;
   a.num_q_rows = d.num_seqs;
   a.num_q_heads = d.num_q_heads;

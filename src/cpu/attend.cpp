@@ -82,8 +82,12 @@ void GroupState::reset(int32_t group, int32_t head_dim, int32_t block_size) {
 void load_group(const DecodeContext& c, int32_t row, int32_t kv_head, GroupState& st) {
   st.reset(c.group, c.head_dim, c.block_size);
   st.softcap = c.a.softcap;
-  const bf16* q = c.a.q + int64_t(row) * c.a.q_stride + int64_t(kv_head) * c.group * c.head_dim;
-  for (int64_t i = 0; i < int64_t(c.group) * c.head_dim; ++i) st.q[i] = codec::bf16_to_float(q[i]) * c.k_logit_scale;
+  const int64_t head_stride = c.a.q_head_stride_used();
+  for (int32_t g = 0; g < c.group; ++g) {
+    const bf16* q = c.a.q + int64_t(row) * c.a.q_stride + int64_t(kv_head * c.group + g) * head_stride;
+    for (int32_t d = 0; d < c.head_dim; ++d)
+      st.q[size_t(g) * c.head_dim + d] = codec::bf16_to_float(q[d]) * c.k_logit_scale;
+  }
 }
 
 bool pages_valid(const DecodeContext& c, int32_t seq, PageRange pages) {

@@ -1,6 +1,7 @@
 // Argument validation shared by the CPU and CUDA backends (SYSTEM.md 6).
 #include "host/validate.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -22,14 +23,15 @@ void check_scale(float s, const char* name) {
   METRALE_CHECK_ARG(std::isfinite(s) && s > 0.0f, name, s, "a finite positive f32");
 }
 
-// The token and head strides of the cache write's key or value: multiples of
-// 8 elements (16-byte aligned rows for the vector loads), and the T x H rows
-// of D elements distinct, nested either way (token-major: heads inside a
-// token; head-major: tokens inside a head). Overlapping rows would read
-// without fault but are a caller's mistake (a stride of 0, a stride that
-// counts bytes), so they are refused.
-void check_kv_strides(const char* name, int64_t token_stride, const char* head_name, int64_t head_stride_arg,
-                      int64_t T, int64_t H, int64_t D) {
+// The token and head strides of the cache write's key or value, or of the
+// query rows: multiples of 8 elements (16-byte aligned rows for the vector
+// loads), and the T x H rows of D elements distinct, nested either way
+// (token-major: heads inside a token; head-major: tokens inside a head).
+// Overlapping rows would read without fault but are a caller's mistake (a
+// stride of 0, a stride that counts bytes), so they are refused.
+void check_row_strides(const char* name, int64_t token_stride, const char* head_name, int64_t head_stride_arg,
+                       int64_t T, int64_t H, int64_t D, const char* tokens = "num_tokens",
+                       const char* heads = "num_kv_heads") {
   const std::string token_name = std::string(name) + "_stride";
   METRALE_CHECK_ARG(head_stride_arg >= 0 && head_stride_arg % 8 == 0, head_name, head_stride_arg,
                     "a multiple of 8 elements >= 0 (0 = head_dim)");
@@ -41,12 +43,12 @@ void check_kv_strides(const char* name, int64_t token_stride, const char* head_n
   if (token_major || head_major) return;
   if (head_stride_arg == 0 || hs == D)  // packed heads: the rule of a plain row stride
     throw_invalid(token_name.c_str(), token_stride,
-                  concat(">= num_kv_heads*head_dim = ", H * D, " (rows of packed heads) and a multiple of 8 elements"));
+                  concat(">= ", heads, "*head_dim = ", H * D, " (rows of packed heads) and a multiple of 8 elements"));
   throw_invalid(token_name.c_str(), concat(token_stride, " with ", head_name, " = ", hs),
                 concat("rows of head_dim = ", D, " that do not overlap: token-major (", head_name, " >= ", D,
-                       " and ", token_name, " >= (num_kv_heads-1)*", head_name, " + head_dim = ", (H - 1) * hs + D,
+                       " and ", token_name, " >= (", heads, "-1)*", head_name, " + head_dim = ", (H - 1) * hs + D,
                        ") or head-major (", token_name, " >= ", D, " and ", head_name,
-                       " >= (num_tokens-1)*", token_name, " + head_dim = ", (T - 1) * token_stride + D, ")"));
+                       " >= (", tokens, "-1)*", token_name, " + head_dim = ", (T - 1) * token_stride + D, ")"));
 }
 
 }  // namespace
@@ -71,8 +73,8 @@ void validate_cache_write(const CacheWriteArgs& a) {
   check_ptr(a.value, "value", true);
   check_ptr(a.slot_mapping, "slot_mapping", false);
   const int64_t H = a.cache.layout.num_kv_heads, D = a.cache.layout.head_dim;
-  check_kv_strides("key", a.key_stride, "key_head_stride", a.key_head_stride, a.num_tokens, H, D);
-  check_kv_strides("value", a.value_stride, "value_head_stride", a.value_head_stride, a.num_tokens, H, D);
+  check_row_strides("key", a.key_stride, "key_head_stride", a.key_head_stride, a.num_tokens, H, D);
+  check_row_strides("value", a.value_stride, "value_head_stride", a.value_head_stride, a.num_tokens, H, D);
   if (a.saturated)
     METRALE_CHECK_ARG((reinterpret_cast<uintptr_t>(a.saturated) & 7u) == 0, "saturated",
                       static_cast<const void*>(a.saturated), "an 8-byte aligned int64[2]");
@@ -99,9 +101,8 @@ void validate_attn(const PagedAttnArgs& a, bool writes_out) {
   }
   check_ptr(a.block_tables, "block_tables", false);
   check_ptr(a.seq_lens, "seq_lens", false);
-  METRALE_CHECK_ARG(a.q_stride >= int64_t(a.num_q_heads) * d && a.q_stride % 8 == 0, "q_stride", a.q_stride,
-                    ">= num_q_heads*head_dim = " + std::to_string(int64_t(a.num_q_heads) * d) +
-                        " and a multiple of 8 elements");
+  check_row_strides("q", a.q_stride, "q_head_stride", a.q_head_stride, std::max(a.num_q_rows, 1), a.num_q_heads, d,
+                    "num_q_rows", "num_q_heads");
 }
 
 void validate_decode(const DecodeArgs& a, bool writes_out) { validate_attn(attn_args(a), writes_out); }

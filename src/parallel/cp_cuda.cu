@@ -21,7 +21,7 @@ namespace metrale::kernels {
 
 struct EdgeParams {
   const bf16* q;
-  int64_t q_stride;
+  int64_t q_stride, q_head_stride;
   int32_t num_q_heads, group;
   KvCacheLayout layout;
   KvFormatDesc format;  // layout.format's description (its dequantisation)
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kEdgeThreads) cp_edge_kernel(const __grid_cons
   }
   const int32_t kvh = h / p.group, n = e.end - e.begin;
   for (int d = threadIdx.x; d < D; d += blockDim.x)
-    q_s[d] = codec::bf16_to_float(p.q[int64_t(seq) * p.q_stride + int64_t(h) * D + d]);
+    q_s[d] = codec::bf16_to_float(p.q[int64_t(seq) * p.q_stride + int64_t(h) * p.q_head_stride + d]);
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   for (int t = warp; t < n; t += warps) {
@@ -109,6 +109,7 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* reco
   METRALE_CHECK_ARG(rows <= detail::kMaxGridX, "num_seqs", a.num_seqs, "num_seqs * num_q_heads <= 2^31-1");
   kernels::EdgeParams p{a.q,
                         a.q_stride,
+                        a.q_head_stride_used(),
                         a.num_q_heads,
                         a.num_q_heads / a.cache.layout.num_kv_heads,
                         a.cache.layout,

@@ -259,7 +259,7 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* rec)
       METRALE_CHECK_ARG(e.page < a.cache.layout.num_blocks && e.begin >= 0 && e.end <= a.cache.layout.block_size,
                         "edges[i].page", e.page, "a page of the cache and 0 <= begin < end <= block_size");
       const int32_t kvh = h / group;
-      for (int32_t d = 0; d < D; ++d) q[size_t(d)] = codec::bf16_to_float(a.q[int64_t(i) * a.q_stride + int64_t(h) * D + d]);
+      for (int32_t d = 0; d < D; ++d) q[size_t(d)] = codec::bf16_to_float(a.q[int64_t(i) * a.q_stride + int64_t(h) * a.q_head_stride_used() + d]);
       s.assign(size_t(e.end - e.begin), 0.0f);
       float m = softmax::State<>::empty().m;
       for (int32_t t = e.begin; t < e.end; ++t) {

@@ -73,6 +73,7 @@ RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* wor
   RunParams p{};
   p.q = a.q;
   p.q_stride = a.q_stride;
+  p.q_head_stride = a.q_head_stride_used();
   p.k_cache = static_cast<const uint8_t*>(a.cache.k);
   p.v_cache = static_cast<const uint8_t*>(a.cache.v);
   p.page_stride = L.page_stride_bytes;

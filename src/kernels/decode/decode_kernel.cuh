@@ -166,9 +166,9 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kTh
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     const int qc = 8 * n + g;  // the column this thread loads
-    const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * kHD;
+    const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * p.q_head_stride;
     if constexpr (kRuns)
-      q_row = qc < cols ? p.q + int64_t(rc.row(qc)) * p.q_stride + int64_t(rc.head(qc)) * kHD : p.q;
+      q_row = qc < cols ? p.q + int64_t(rc.row(qc)) * p.q_stride + int64_t(rc.head(qc)) * p.q_head_stride : p.q;
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
       float x[4];

@@ -24,8 +24,9 @@ struct DecodeParams {
   // load path only.
   CUtensorMap k_map;
   CUtensorMap v_map;
-  const bf16* q;             // [num_seqs, q_stride]; head h at h*D
-  int64_t q_stride;          // elements
+  const bf16* q;             // row r, head h at r*q_stride + h*q_head_stride
+  int64_t q_stride;          // elements between rows
+  int64_t q_head_stride;     // elements between heads
   const uint8_t* k_cache;    // page p at p*page_stride bytes
   const uint8_t* v_cache;
   int64_t page_stride;       // bytes

@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
       v[k] = make_uint4(0, 0, 0, 0);
       if (pr >= 0)
         v[k] = __ldg(reinterpret_cast<const uint4*>(p.q + int64_t(row0 + pr / group) * p.q_stride +
-                                                    int64_t(kv_head * group + pr % group) * D + u * 8));
+                                                    int64_t(kv_head * group + pr % group) * p.q_head_stride + u * 8));
     }
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
