@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
       {
         cuda_ok(cudaSetDevice(0), "cudaSetDevice");
         DecodeWorkload w(s, kRotationBytes, 1234);
-        const DecodePlan plan = plan_decode(decode_problem(w.args(0, nullptr), w.max_seq_len()), cuda::decode_target());
+        const AttnPlan plan = plan_attention(attention_problem(w.args(0, nullptr), w.max_seq_len()), cuda::attention_target());
         bf16* out = nullptr;
         float* ws = nullptr;
         cuda_ok(cudaMalloc(&out, size_t(s.num_seqs) * qh * hd * sizeof(bf16)), "cudaMalloc(out)");
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
         const int per_graph = std::max(w.replicas(), std::min(20, 4 * w.replicas()));
         t1 = metrale::bench::median_us_per_call(
             [&](int call, cudaStream_t st) {
-              cuda::run_decode(plan, w.args(call % w.replicas(), out),
+              cuda::run_attention(plan, w.args(call % w.replicas(), out),
                                SplitKWorkspace{ws, plan.workspace_bytes, plan.num_splits}, st);
             },
             per_graph);
@@ -223,9 +223,9 @@ int main(int argc, char** argv) {
             local.seq_len = std::min(s.seq_len - r * per_rank_pages * bs, my_pages * bs);
             local.seq_len = std::max(local.seq_len, 1);
             DecodeWorkload w(local, kRotationBytes, 777 + uint64_t(r));
-            const DecodeArgs a0 = w.args(0, nullptr);
+            const AttnArgs a0 = w.args(0, nullptr);
             const int32_t ns =
-                std::min(plan_decode(decode_problem(a0, w.max_seq_len()), cuda::decode_target()).num_splits,
+                std::min(plan_attention(attention_problem(a0, w.max_seq_len()), cuda::attention_target()).num_splits,
                          kMaxSplits / N);
             const cp::CpLayout L = cp::make_layout(N, a0, ns, /*has_edge=*/false);
             out_r.splits = ns;

@@ -28,6 +28,8 @@
 #include "metrale/cpu.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/error.hpp"
+#include "src/plan/tuning.hpp"
+#include "testing/forced_plans.hpp"
 
 namespace {
 
@@ -45,18 +47,19 @@ struct Row {
 };
 
 // Times the decode of `w` with `plan` (cycling replicas inside one graph).
-double time_decode(const DecodeWorkload& w, const DecodePlan& plan, bf16* out, float* ws, size_t ws_bytes) {
+double time_decode(const DecodeWorkload& w, const AttnPlan& plan, bf16* out, float* ws, size_t ws_bytes) {
   const int per_graph = std::max(w.replicas(), std::min(20, 4 * w.replicas()));
   return metrale::bench::median_us_per_call(
       [&](int call, cudaStream_t s) {
-        cuda::run_decode(plan, w.args(call % w.replicas(), out), SplitKWorkspace{ws, ws_bytes, plan.num_splits}, s);
+        cuda::run_attention(plan, w.args(call % w.replicas(), out), SplitKWorkspace{ws, ws_bytes, plan.num_splits}, s);
       },
       per_graph);
 }
 
 // The plan's decisions, as the rows report them.
-std::string describe(const DecodePlan& plan) {
-  return std::string(to_string(plan.merge)) + " " + to_string(plan.load_path) + (plan.pair_kv_heads ? " paired" : "");
+std::string describe(const AttnPlan& plan) {
+  return std::string(to_string(plan.merge)) + " " + detail::to_string(plan.launch.load_path) +
+         (plan.launch.pair_kv_heads ? " paired" : "");
 }
 
 }  // namespace
@@ -76,7 +79,7 @@ int main(int argc, char** argv) {
   app.add_option("--heads", heads, "QHEADS/KVHEADS");
   app.add_option("--head-dim", head_dim)->check(CLI::IsMember({64, 128, 256}));
   app.add_option("--block-size", block_size)->check(CLI::IsMember({16, 32, 64, 128}));
-  // Plan options (DecodePlanOptions): A/B runs force one decision at a time.
+  // Plan options (AttnPlanOptions): A/B runs force one decision at a time.
   app.add_option("--splits", forced_splits, "force num_splits (0 = planner)");
   app.add_option("--pairing", pairing, "automatic | off | on (kv-head pairs at head_dim 64)")
       ->check(CLI::IsMember({"automatic", "off", "on"}));
@@ -108,17 +111,18 @@ int main(int argc, char** argv) {
               "empty kernel %.2f us per launch\n",
               dev.name.c_str(), dev.num_sms, ceiling, empty_us);
 
-  DecodePlanOptions options;
+  AttnPlanOptions options;
   options.num_splits = forced_splits;
-  options.pairing = decode_pairing_from_string(pairing);  // the names CLI11 checked above
-  options.load_path = decode_load_path_from_string(load_path);
-  options.merge = decode_merge_from_string(merge);
+  options.merge = split_merge_from_string(merge);  // the names CLI11 checked above
+  detail::TuningOptions tuning;
+  tuning.pairing = detail::toggle_from_string(pairing, "pairing");
+  tuning.load_path = detail::load_path_from_string(load_path);
   // The runs kernel's tiling applies to the q_len > 1 plan only (the q_len 1
   // decode plan beside it keeps the decode kernel's).
-  DecodePlanOptions runs_options = options;
-  runs_options.col_tiles = col_tiles;
-  runs_options.head_dim_parts = head_dim_parts;
-  const DecodeTarget target = cuda::decode_target();
+  detail::TuningOptions runs_tuning = tuning;
+  runs_tuning.col_tiles = col_tiles;
+  runs_tuning.head_dim_parts = head_dim_parts;
+  const AttnTarget target = cuda::attention_target();
   int qh = 32, kvh = 8;
   if (std::sscanf(heads.c_str(), "%d/%d", &qh, &kvh) != 2) throw CLI::ValidationError("--heads", heads);
   std::vector<Row> rows;
@@ -138,13 +142,13 @@ int main(int argc, char** argv) {
       s.sliding_window = window;
       s.mixed_lengths = mixed;
       DecodeWorkload w(s, kRotationBytes, 1234 + rows.size());
-      const DecodeProblem prob = decode_problem(w.args(0, nullptr), w.max_seq_len());
-      const DecodePlan plan = plan_decode(prob, target, options);
+      const AttnProblem prob = attention_problem(w.args(0, nullptr), w.max_seq_len());
+      const AttnPlan plan = detail::plan_attention(prob, target, options, tuning);
       // The planner's own choice of splits with the forced options otherwise (oracle mode).
       auto plan_with_splits = [&](int32_t ns) {
-        DecodePlanOptions o = options;
+        AttnPlanOptions o = options;
         o.num_splits = ns;
-        return plan_decode(prob, target, o);
+        return detail::plan_attention(prob, target, o, tuning);
       };
       const size_t max_ws = splitk_workspace_bytes(s.num_seqs, qh, head_dim, kMaxSplits);
       bf16* out = nullptr;
@@ -178,7 +182,7 @@ int main(int argc, char** argv) {
         cuda_ok(cudaMemset(key, 0x3c, kSets * set_elems * sizeof(bf16)), "memset");
         cuda_ok(cudaMemset(value, 0x3b, kSets * set_elems * sizeof(bf16)), "memset");
         cuda_ok(cudaMalloc(&slots, kSets * tokens * sizeof(int64_t)), "cudaMalloc(slots)");
-        const DecodeArgs a = w.args(0, out);
+        const AttnArgs a = w.args(0, out);
         const int64_t cap = a.cache.layout.capacity_slots();
         std::vector<int64_t> hs(size_t(kSets) * tokens);
         for (int64_t t = 0; t < kSets * tokens; ++t) hs[size_t(t)] = (t * 7919) % cap;
@@ -223,21 +227,22 @@ int main(int argc, char** argv) {
         auto runs_args = [&](int replica) {
           return w.runs_args(replica, rout, q, int64_t(qh) * head_dim, q_start, nrows);
         };
-        const DecodePlan rplan = plan_decode(decode_problem(runs_args(0), w.max_seq_len(), q_len), target, runs_options);
+        const AttnPlan rplan = detail::plan_attention(attention_problem(runs_args(0), w.max_seq_len(), q_len), target, options,
+                                                     runs_tuning);
         float* rws = nullptr;
         cuda_ok(cudaMalloc(&rws, std::max<size_t>(rplan.workspace_bytes, 16)), "cudaMalloc(workspace)");
         const int per_graph = std::max(w.replicas(), std::min(20, 4 * w.replicas()));
         const double us = metrale::bench::median_us_per_call(
             [&](int call, cudaStream_t st) {
-              cuda::run_attn(rplan, runs_args(call % w.replicas()),
+              cuda::run_attention(rplan, runs_args(call % w.replicas()),
                              SplitKWorkspace{rws, rplan.workspace_bytes, rplan.num_splits}, st);
             },
             per_graph);
         rows.push_back(row_for(rplan.num_splits, us));
         rows.back().shape += " q" + std::to_string(q_len);
-        rows.back().plan = describe(rplan) + " tiles " + std::to_string(rplan.head_tiles) + "x" +
-                           std::to_string(8 * rplan.col_tiles) +
-                           (rplan.head_dim_parts == 2 ? " halves" : "");
+        rows.back().plan = describe(rplan) + " tiles " + std::to_string(rplan.launch.head_tiles) + "x" +
+                           std::to_string(8 * rplan.launch.col_tiles) +
+                           (rplan.launch.head_dim_parts == 2 ? " halves" : "");
         cudaFree(q);
         cudaFree(rout);
         cudaFree(q_start);
@@ -253,7 +258,7 @@ int main(int argc, char** argv) {
           const double us = time_decode(w, plan_with_splits(ns), out, ws, max_ws);
           if (us < best_us) best_us = us, best = ns;
         }
-        const DecodePlan planned = plan_with_splits(0);
+        const AttnPlan planned = plan_with_splits(0);
         Row r = row_for(planned.num_splits, time_decode(w, planned, out, ws, max_ws));
         r.plan = describe(planned);
         char note[96];
@@ -263,17 +268,17 @@ int main(int argc, char** argv) {
         rows.push_back(r);
       } else {  // check
         const int32_t ns = plan.num_splits;
-        cuda::run_decode(plan, w.args(0, out), SplitKWorkspace{ws, max_ws, ns});
+        cuda::run_attention(plan, w.args(0, out), SplitKWorkspace{ws, max_ws, ns});
         std::vector<bf16> gpu(size_t(s.num_seqs) * qh * head_dim), ref(gpu.size());
         cuda_ok(cudaMemcpy(gpu.data(), out, gpu.size() * 2, cudaMemcpyDeviceToHost), "download out");
         DecodeWorkload::HostCopy h = w.download_replica0();
-        DecodeArgs a = w.args(0, ref.data());
+        AttnArgs a = w.args(0, ref.data());
         a.q = h.q.data();
         a.cache.k = h.k.data();
         a.cache.v = h.v.data();
         a.block_tables = h.block_tables.data();
         a.seq_lens = h.seq_lens.data();
-        cpu::paged_decode_attn(a);
+        test::cpu_single_pass(a);
         Row r = row_for(ns, 0);
         r.plan = describe(plan);
         r.us = r.gbps = r.frac = 0;

@@ -32,6 +32,7 @@
 #include "bench/lib/gpu_timing.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/error.hpp"
+#include "src/plan/tuning.hpp"
 
 namespace {
 
@@ -82,17 +83,17 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", head_dim)->check(CLI::IsMember({64, 128, 256}));
   app.add_option("--block-size", block_size)->check(CLI::IsMember({16, 32, 64, 128}));
   app.add_option("--window", window, "sliding window (0 = off)");
-  app.add_option("--prefill", prefill, "automatic | off | on (DecodePlanOptions::prefill)")
+  app.add_option("--prefill", prefill, "automatic | off | on (AttnPlanOptions::prefill)")
       ->check(CLI::IsMember({"automatic", "off", "on"}));
-  app.add_option("--splits", splits, "split count (0 = the planner's; DecodePlanOptions::num_splits)")
+  app.add_option("--splits", splits, "split count (0 = the planner's; AttnPlanOptions::num_splits)")
       ->check(CLI::Range(0, int(kMaxSplits)));
   app.add_option("--tile-band", tile_band,
                  "the prefill kernel's launch order with --prefill on (-1 = the planner's, 0 = the 3-D grid, n = "
-                 "bands of n row tiles; DecodePlanOptions::tile_band)")
+                 "bands of n row tiles; AttnPlanOptions::tile_band)")
       ->check(CLI::Range(-1, 1 << 20));
   app.add_option("--tile-pairs", tile_pairs,
                  "the prefill kernel's CTA pairs with --prefill on (-1 = the planner's, 0 = off, 1 = on; "
-                 "DecodePlanOptions::tile_pairs)")
+                 "AttnPlanOptions::tile_pairs)")
       ->check(CLI::Range(-1, 1));
   app.add_option("--peak-tflops", peak, "dense BF16 tensor-core peak the fractions are of (H100/H200 SXM: 989.4)");
   app.add_option("--json", json_path, "write rows as JSON");
@@ -114,12 +115,13 @@ int main(int argc, char** argv) {
   const cuda::DeviceInfo dev = cuda::device_info();
   std::printf("# %s, %d SMs; dense BF16 peak P = %.1f TFLOPS (stated); %d/%d heads d%d page %d; L2 %s\n",
               dev.name.c_str(), dev.num_sms, peak, qh, kvh, head_dim, block_size, l2.c_str());
-  DecodePlanOptions options;
-  options.prefill = decode_prefill_from_string(prefill);
+  AttnPlanOptions options;
   options.num_splits = splits;
-  options.tile_band = tile_band;
-  options.tile_pairs = tile_pairs;
-  const DecodeTarget target = cuda::decode_target();
+  detail::TuningOptions tuning;
+  tuning.prefill = detail::toggle_from_string(prefill, "prefill");
+  tuning.tile_band = tile_band;
+  tuning.tile_pairs = tile_pairs;
+  const AttnTarget target = cuda::attention_target();
   nlohmann::json rows = nlohmann::json::array();
   bool failed = false;
   for (const std::string& fs : bench::split_list(formats)) {
@@ -157,44 +159,44 @@ int main(int argc, char** argv) {
       cuda_ok(cudaMalloc(&q_start, qs.size() * sizeof(int32_t)), "cudaMalloc(q_start)");
       cuda_ok(cudaMemcpy(q_start, qs.data(), qs.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "q_start");
       auto args = [&](int replica) { return w.runs_args(replica, out, q, int64_t(row_elems), q_start, nrows); };
-      const DecodePlan plan = plan_decode(decode_problem(args(0), w.max_seq_len(), max_run), target, options);
+      const AttnPlan plan =
+          detail::plan_attention(attention_problem(args(0), w.max_seq_len(), max_run), target, options, tuning);
+      const bool prefill_kernel = plan.kernel == AttnKernel::prefill;
       float* ws = nullptr;
       cuda_ok(cudaMalloc(&ws, std::max<size_t>(plan.workspace_bytes, 16)), "cudaMalloc(workspace)");
       const int per_graph = std::max(2, w.replicas());
       const double us = bench::median_us_per_call(
           [&](int call, cudaStream_t st) {
-            cuda::run_attn(plan, args(call % w.replicas()), SplitKWorkspace{ws, plan.workspace_bytes, plan.num_splits},
+            cuda::run_attention(plan, args(call % w.replicas()), SplitKWorkspace{ws, plan.workspace_bytes, plan.num_splits},
                            st);
           },
           per_graph);
       const double tflops = prefill_flops(runs, qh, head_dim, window) / (us * 1e6);
       const double gbps = w.attended_bytes() / (us * 1e3);  // the attended cache read once
       const std::string kernel =
-          std::string(plan.prefill ? "prefill " : "runs ") + std::to_string(plan.num_splits) + " splits" +
-          (plan.prefill && plan.tile_band > 0 ? ", band " + std::to_string(plan.tile_band) : "") +
-          (plan.tile_pairs ? ", pairs" : "");
+          std::string(prefill_kernel ? "prefill " : "runs ") + std::to_string(plan.num_splits) + " splits" +
+          (prefill_kernel && plan.launch.tile_band > 0 ? ", band " + std::to_string(plan.launch.tile_band) : "") +
+          (plan.launch.tile_pairs ? ", pairs" : "");
       // --check: the other kernel (runs kernel with the planner's splits, or the
       // prefill kernel forced) on replica 0; the worst rel. L2 per (row, head).
       std::string check;
       double check_err = -1;
       if (check_kernels) {
-        DecodePlanOptions other = options;
-        other.prefill = plan.prefill ? DecodePrefill::off : DecodePrefill::on;
-        other.num_splits = 0;
-        other.tile_band = -1;
-        other.tile_pairs = -1;
-        const DecodePlan alt = plan_decode(decode_problem(args(0), w.max_seq_len(), max_run), target, other);
+        detail::TuningOptions other;
+        other.prefill = prefill_kernel ? detail::Toggle::off : detail::Toggle::on;
+        const AttnPlan alt =
+            detail::plan_attention(attention_problem(args(0), w.max_seq_len(), max_run), target, {}, other);
         const size_t n = size_t(nrows) * row_elems;
         std::vector<bf16> a(n), b(n);
-        cuda::run_attn(plan, args(0), SplitKWorkspace{ws, plan.workspace_bytes, plan.num_splits});
+        cuda::run_attention(plan, args(0), SplitKWorkspace{ws, plan.workspace_bytes, plan.num_splits});
         cuda_ok(cudaMemcpy(a.data(), out, n * sizeof(bf16), cudaMemcpyDeviceToHost), "download out");
         float* ws2 = nullptr;
         cuda_ok(cudaMalloc(&ws2, std::max<size_t>(alt.workspace_bytes, 16)), "cudaMalloc(workspace)");
-        cuda::run_attn(alt, args(0), SplitKWorkspace{ws2, alt.workspace_bytes, alt.num_splits});
+        cuda::run_attention(alt, args(0), SplitKWorkspace{ws2, alt.workspace_bytes, alt.num_splits});
         cuda_ok(cudaMemcpy(b.data(), out, n * sizeof(bf16), cudaMemcpyDeviceToHost), "download out");
         cudaFree(ws2);
         check_err = bench::max_rel_l2(a.data(), b.data(), n, head_dim);
-        check = " | vs " + std::string(alt.prefill ? "prefill" : "runs kernel") + ": max rel L2 " +
+        check = " | vs " + std::string(alt.kernel == AttnKernel::prefill ? "prefill" : "runs kernel") + ": max rel L2 " +
                 std::to_string(check_err) + (check_err <= 2e-2 ? " ok" : " FAIL");
       }
       std::printf("%-6s %-12s %10.1f us %7.1f TFLOPS %6.3f P %7.0f GB/s  %s%s\n", fs.c_str(), sh.c_str(), us,

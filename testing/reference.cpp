@@ -40,7 +40,7 @@ double page_value(const KvCacheView& c, const uint8_t* page, bool is_v, int64_t 
 }
 
 // The page holding position `pos` of sequence `seq`, or nullptr for an invalid page id.
-const uint8_t* page_of(const DecodeArgs& a, bool is_v, int32_t seq, int32_t pos) {
+const uint8_t* page_of(const AttnArgs& a, bool is_v, int32_t seq, int32_t pos) {
   const KvCacheLayout& l = a.cache.layout;
   const int64_t id = a.block_tables[size_t(seq) * a.max_blocks_per_seq + pos / l.block_size];
   if (id < 0 || id >= l.num_blocks) return nullptr;
@@ -63,7 +63,7 @@ void parallel_for(size_t n, const F& work) {
 
 }  // namespace
 
-KvRows cache_rows(const DecodeArgs& a) {
+KvRows cache_rows(const AttnArgs& a) {
   return [a](int32_t seq, int32_t pos, int32_t kv_head, double* k, double* v) {
     const KvCacheLayout& l = a.cache.layout;
     const int64_t row = int64_t(pos % l.block_size) * l.num_kv_heads + kv_head;
@@ -76,27 +76,14 @@ KvRows cache_rows(const DecodeArgs& a) {
   };
 }
 
-// A decode is the run of one row per sequence (SYSTEM.md 8).
-std::vector<double> attention_f64(const DecodeArgs& a, const KvRows& rows) {
-  return attention_runs_f64(attn_args(a), rows);
-}
+std::vector<double> reference_attention(const AttnArgs& a) { return attention_f64(a, cache_rows(a)); }
 
-std::vector<double> reference_decode(const DecodeArgs& a) { return attention_f64(a, cache_rows(a)); }
-
-KvRows cache_rows(const PagedAttnArgs& a) {
-  DecodeArgs d;
-  d.cache = a.cache;
-  d.block_tables = a.block_tables;
-  d.max_blocks_per_seq = a.max_blocks_per_seq;
-  return cache_rows(d);
-}
-
-std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& rows, std::vector<double>* lse) {
+std::vector<double> attention_f64(const AttnArgs& a, const KvRows& rows, std::vector<double>* lse) {
   const int32_t Hq = a.num_q_heads, H = a.cache.layout.num_kv_heads, D = a.cache.layout.head_dim;
   const int32_t group = Hq / H;
   const double ninf = -std::numeric_limits<double>::infinity();
-  std::vector<double> out(size_t(a.num_q_rows) * Hq * D, 0.0);
-  if (lse) lse->assign(size_t(a.num_q_rows) * Hq, ninf);
+  std::vector<double> out(size_t(a.rows()) * Hq * D, 0.0);
+  if (lse) lse->assign(size_t(a.rows()) * Hq, ninf);
   auto run_of = [&](int32_t s) {  // (first row, rows) of sequence s's run
     return std::pair<int32_t, int32_t>{a.q_start ? a.q_start[s] : s, a.q_start ? a.q_start[s + 1] - a.q_start[s] : 1};
   };
@@ -110,7 +97,7 @@ std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& row
   for (int32_t s = 0; s < a.num_seqs; ++s) {
     const int32_t L = a.seq_lens[s], n = run_of(s).second;
     if (L < 0 || n > std::max(L, 1) || int64_t(L) > int64_t(a.max_blocks_per_seq) * a.cache.layout.block_size)
-      throw std::invalid_argument("attention_runs_f64: sequence " + std::to_string(s) + " does not fit its row");
+      throw std::invalid_argument("attention_f64: sequence " + std::to_string(s) + " does not fit its row");
     for (int32_t kvh = 0; kvh < H; ++kvh)
       for (int32_t j0 = 0; j0 < n; j0 += kRowBlock) items.push_back({s, kvh, j0, std::min(n, j0 + kRowBlock)});
   }
@@ -128,7 +115,7 @@ std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& row
       const int32_t pos = L - n + j;  // this row's position; it attends [first, pos]
       const int32_t first = first_of(pos);
       for (int32_t h = it.kvh * group; h < (it.kvh + 1) * group; ++h) {
-        const bf16* q = a.q + size_t(r0 + j) * a.q_stride + size_t(h) * D;
+        const bf16* q = a.q + size_t(r0 + j) * a.q_stride + size_t(h) * (a.q_head_stride ? a.q_head_stride : D);
         double* o = out.data() + (size_t(r0 + j) * Hq + h) * D;
         logit.clear();
         bool nan = false;

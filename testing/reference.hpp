@@ -22,30 +22,25 @@ using KvRows = std::function<void(int32_t seq, int32_t pos, int32_t kv_head, dou
 // codes x group scales x per-tensor scales. A page id outside
 // [0, num_blocks) gives NaN rows (the backends' contract: that sequence's
 // output is NaN).
-KvRows cache_rows(const DecodeArgs& a);
-KvRows cache_rows(const PagedAttnArgs& a);
+KvRows cache_rows(const AttnArgs& a);
 
-// softmax(sm_scale * q . k_j) . v_j over positions [max(0, L - W), L) of each
-// sequence, with q, lengths, window and scale from `a` (host pointers; a.out
-// and the cache pointers are not read when `rows` does not read them):
-// [num_seqs, num_q_heads, head_dim]; q head h reads kv head h / group. A
-// sequence of length 0 outputs 0; a NaN in an attended K row makes the whole
-// (seq, q head) output NaN, a NaN in a V element that output channel. Throws
-// std::invalid_argument when a length does not fit its table row.
-std::vector<double> attention_f64(const DecodeArgs& a, const KvRows& rows);
+// Attention written from the spec again (docs/spec.md 8), in float64: row j
+// of sequence s's run of n rows (one row per sequence without q_start: a
+// decode) sits at p = L - n + j and attends [max(0, p + 1 - W), p]; logits
+// sm_scale * q.k, soft-capped c * tanh(s / c) when a.softcap > 0; a.sinks[h]
+// joins the denominator, e^(sink - M) with M = max(logits, sink). q head h
+// reads kv head h / group; q, q_start, seq_lens and sinks are host pointers
+// (a.out and the cache pointers are not read when `rows` does not read
+// them). [rows, num_q_heads, head_dim]; a run over no positions outputs 0; a
+// NaN in an attended K row makes the whole (row, q head) output NaN, a NaN
+// in a V element that output channel. `lse` (when given) receives [rows,
+// num_q_heads] of max + ln(sum e^(logit - max)) without the sink (-inf for
+// an empty range, NaN where a logit is NaN). Throws std::invalid_argument
+// when a length does not fit its table row.
+std::vector<double> attention_f64(const AttnArgs& a, const KvRows& rows, std::vector<double>* lse = nullptr);
 
-// attention_f64 over the dequantized cache: what every decode must match.
-std::vector<double> reference_decode(const DecodeArgs& a);
-
-// Query runs (SYSTEM.md 8), written from the spec again: row j of sequence
-// s's run of n rows sits at p = L - n + j and attends [max(0, p + 1 - W), p];
-// logits sm_scale * q.k, soft-capped c * tanh(s / c) when a.softcap > 0;
-// a.sinks[h] joins the denominator, e^(sink - M) with M = max(logits, sink).
-// [num_q_rows, num_q_heads, head_dim]; `lse` (when given) receives
-// [num_q_rows, num_q_heads] of max + ln(sum e^(logit - max)) without the
-// sink (-inf for an empty range, NaN where a logit is NaN). q_start and
-// seq_lens are host pointers.
-std::vector<double> attention_runs_f64(const PagedAttnArgs& a, const KvRows& rows, std::vector<double>* lse = nullptr);
+// attention_f64 over the dequantized cache: what every kernel must match.
+std::vector<double> reference_attention(const AttnArgs& a);
 
 struct Comparison {
   bool ok = true;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/forced_plans.hpp"
 #include "metrale/context_parallel.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/cuda.hpp"
@@ -43,13 +44,13 @@ std::vector<cp::RankShard> shards_of(const HostProblem& hp, const cp::ShardSpec&
 // The whole context-parallel step on the CPU backend, ranks one after another.
 std::vector<bf16> run_cp_cpu(const HostProblem& hp, const cp::ShardSpec& spec, int32_t splits_per_rank) {
   std::vector<bf16> out = poisoned_bf16(hp.out_elems());
-  const DecodeArgs global = hp.args(out.data());
+  const AttnArgs global = hp.args(out.data());
   const std::vector<cp::RankShard> shards = shards_of(hp, spec);
   const cp::CpLayout L = cp::make_layout(spec.num_ranks, global, splits_per_rank, hp.c.sliding_window > 0);
   std::vector<float> gathered(L.gathered_floats(), kNaN), merged(L.merged_floats(), kNaN);
   for (int32_t r = 0; r < spec.num_ranks; ++r) {
     const cp::RankShard& s = shards[size_t(r)];
-    const DecodeArgs ra = cp::rank_decode_args(global, s, s.block_tables.data(), s.seq_lens.data());
+    const AttnArgs ra = cp::rank_decode_args(global, s, s.block_tables.data(), s.seq_lens.data());
     std::vector<float> block(L.rank_floats(), kNaN);  // the rank's own buffer (its GPU)
     cpu::cp_rank_states(L, ra, s.edges.data(), block.data());
     // "ncclAllGather": rank r's block lands at offset r * rank_floats on every rank.
@@ -62,7 +63,7 @@ std::vector<bf16> run_cp_cpu(const HostProblem& hp, const cp::ShardSpec& spec, i
 
 std::vector<bf16> run_single_cpu(const HostProblem& hp) {
   std::vector<bf16> out = poisoned_bf16(hp.out_elems());
-  cpu::paged_decode_attn(hp.args(out.data()));
+  test::cpu_single_pass(hp.args(out.data()));
   return out;
 }
 
@@ -242,7 +243,7 @@ TEST(ContextParallelCpu, EdgeCasesEveryRankCount) {
       c.seq_lens = {0, 1, 15, 16, 17, 33, 70, 100};  // shorter than R pages too
       c.sliding_window = W;
       const HostProblem hp = make_problem(c, seed + 97 * W + int(f));
-      const std::vector<double> ref = reference_decode(hp), single = as_double(run_single_cpu(hp));
+      const std::vector<double> ref = reference_attention(hp), single = as_double(run_single_cpu(hp));
       for (int32_t R = 1; R <= 5; ++R)
         for (const cp::ShardSpec& spec : specs_for(R))
           for (int32_t ns : {1, 2})
@@ -261,7 +262,7 @@ TEST(ContextParallelCpu, RandomizedMatrix) {
     const DecodeCase c = random_case(rng);
     SCOPED_TRACE(c.describe());
     const HostProblem hp = make_problem(c, rng());
-    const std::vector<double> ref = reference_decode(hp), single = as_double(run_single_cpu(hp));
+    const std::vector<double> ref = reference_attention(hp), single = as_double(run_single_cpu(hp));
     for (int32_t R = 1; R <= 5; ++R) {
       const auto specs = specs_for(R);
       const cp::ShardSpec spec = specs[rng() % specs.size()];
@@ -286,7 +287,7 @@ TEST(ContextParallelCpu, NanInEdgePage) {
       c.sliding_window = 27;
       HostProblem hp = make_problem(c, seed + int(f));
       for (int d = 0; d < c.head_dim; ++d) poison_cache(hp, 'k', 1, pos, 0, d);  // kv head 0
-      const std::vector<double> ref = reference_decode(hp);
+      const std::vector<double> ref = reference_attention(hp);
       for (int32_t R : {1, 2, 3}) {
         const cp::ShardSpec spec{cp::Sharding::interleaved, R, 1};
         const std::vector<bf16> out = run_cp_cpu(hp, spec, 1);
@@ -306,7 +307,7 @@ TEST(ContextParallelCpu, RankArgsMustNotCarryAWindow) {
   c.sliding_window = 10;
   const HostProblem hp = make_problem(c, 1);
   std::vector<bf16> out(hp.out_elems());
-  const DecodeArgs g = hp.args(out.data());
+  const AttnArgs g = hp.args(out.data());
   const cp::CpLayout L = cp::make_layout(2, g, 1, true);
   std::vector<float> block(L.rank_floats());
   std::vector<cp::EdgeSlice> edges(1);
@@ -318,7 +319,7 @@ TEST(ContextParallelCpu, RankArgsMustNotCarryAWindow) {
 std::vector<bf16> run_cp_gpu(const HostProblem& hp, DeviceProblem& dp, const cp::ShardSpec& spec,
                              int32_t splits_per_rank, bool* guards_ok) {
   dp.poison_out();
-  const DecodeArgs global = dp.args();
+  const AttnArgs global = dp.args();
   const std::vector<cp::RankShard> shards = shards_of(hp, spec);
   const cp::CpLayout L = cp::make_layout(spec.num_ranks, global, splits_per_rank, hp.c.sliding_window > 0);
   DeviceBuffer<float> gathered(L.gathered_floats()), merged(L.merged_floats());
@@ -328,7 +329,7 @@ std::vector<bf16> run_cp_gpu(const HostProblem& hp, DeviceProblem& dp, const cp:
     DeviceBuffer<int32_t> tables(s.block_tables), lens(s.seq_lens);
     DeviceBuffer<cp::EdgeSlice> edges(s.edges);
     DeviceBuffer<float> block(L.rank_floats());
-    const DecodeArgs ra = cp::rank_decode_args(global, s, tables.get(), lens.get());
+    const AttnArgs ra = cp::rank_decode_args(global, s, tables.get(), lens.get());
     cuda::cp_rank_states(L, ra, edges.get(), block.get());
     METRALE_CUDA_OK(cudaMemcpy(gathered.get() + size_t(r) * L.rank_floats(), block.get(), block.bytes(),
                                cudaMemcpyDeviceToDevice));
@@ -354,7 +355,7 @@ TEST(ContextParallelGpu, EdgeCasesEveryRankCount) {
       c.seq_lens = {0, 1, 15, 16, 17, 33, 70, 100, 1000};
       c.sliding_window = W;
       const HostProblem hp = make_problem(c, seed + 97 * W + int(f));
-      const std::vector<double> ref = reference_decode(hp), single = as_double(run_single_cpu(hp));
+      const std::vector<double> ref = reference_attention(hp), single = as_double(run_single_cpu(hp));
       DeviceProblem dp(hp);
       for (int32_t R = 1; R <= 5; ++R)
         for (const cp::ShardSpec& spec : specs_for(R))
@@ -382,7 +383,7 @@ TEST(ContextParallelGpu, RandomizedMatrix) {
     c.group = std::vector<int32_t>{1, 4, 8}[rng() % 3];
     SCOPED_TRACE(c.describe());
     const HostProblem hp = make_problem(c, rng());
-    const std::vector<double> ref = reference_decode(hp), single = as_double(run_single_cpu(hp));
+    const std::vector<double> ref = reference_attention(hp), single = as_double(run_single_cpu(hp));
     DeviceProblem dp(hp);
     for (int32_t R = 1; R <= 5; ++R) {
       const auto specs = specs_for(R);
@@ -423,8 +424,8 @@ TEST(ContextParallel, QueryRunsOverContiguousShards) {
     SCOPED_TRACE(c.describe() + " ranks " + std::to_string(spec.num_ranks) + " chunk " +
                  std::to_string(spec.chunk_pages) + " splits/rank " + std::to_string(splits));
     std::vector<bf16> single(rp.out_elems());
-    cpu::paged_attn(rp.args(single.data()));
-    const PagedAttnArgs global = rp.args(nullptr);
+    test::cpu_single_pass(rp.args(single.data()));
+    const AttnArgs global = rp.args(nullptr);
     const cp::CpLayout L = cp::run_layout(spec.num_ranks, global, splits);
     std::vector<float> gathered(L.gathered_floats(), kNaN), merged(L.merged_floats());
     std::vector<cp::RunShard> shards;
@@ -432,9 +433,9 @@ TEST(ContextParallel, QueryRunsOverContiguousShards) {
       shards.push_back(cp::make_run_shard(spec, r, rp.p.block_tables.data(), rp.p.max_blocks_per_seq,
                                           rp.p.seq_lens.data(), rp.p.num_seqs(), rp.p.layout.block_size));
       const cp::RunShard& sh = shards.back();
-      const PagedAttnArgs ra = cp::rank_attn_args(global, sh, sh.block_tables.data(), sh.kv_start.data(),
+      const AttnArgs ra = cp::rank_attn_args(global, sh, sh.block_tables.data(), sh.kv_start.data(),
                                                   sh.kv_lens.data());
-      cpu::paged_attn_splitk(ra, cp::rank_splitk_workspace(L, gathered.data() + r * L.rank_floats()));
+      test::cpu_split_states(ra, cp::rank_splitk_workspace(L, gathered.data() + r * L.rank_floats()));
     }
     // The views tile every sequence's positions in rank order.
     for (int32_t i = 0; i < rp.p.num_seqs(); ++i) {
@@ -463,20 +464,20 @@ TEST(ContextParallel, QueryRunsOverContiguousShards) {
                Unsupported);
   // A bad view: a start off the page grid, a view past its sequence.
   std::vector<bf16> out(small.out_elems());
-  PagedAttnArgs a = small.args(out.data());
+  AttnArgs a = small.args(out.data());
   std::vector<int32_t> start(size_t(a.num_seqs), 0), lens(size_t(a.num_seqs), 0);
   a.kv_start = start.data();
-  EXPECT_THROW(cpu::paged_attn(a), InvalidArgument);  // kv_lens missing
+  EXPECT_THROW(test::cpu_single_pass(a), InvalidArgument);  // kv_lens missing
   a.kv_lens = lens.data();
   start[0] = 3;
-  EXPECT_THROW(cpu::paged_attn(a), InvalidArgument);
+  EXPECT_THROW(test::cpu_single_pass(a), InvalidArgument);
   start[0] = 0;
   lens[0] = small.p.seq_lens[0] + 1;
-  EXPECT_THROW(cpu::paged_attn(a), InvalidArgument);
+  EXPECT_THROW(test::cpu_single_pass(a), InvalidArgument);
   lens[0] = 0;
-  cpu::paged_attn(a);  // empty views: every output 0
+  test::cpu_single_pass(a);  // empty views: every output 0
   for (bf16 x : out) EXPECT_EQ(codec::bf16_to_float(x), 0.0f);
-  if (cuda::available()) EXPECT_THROW(cuda::paged_attn(a), Unsupported);
+  if (cuda::available()) EXPECT_THROW(test::cuda_single_pass(a), Unsupported);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "testing/forced_plans.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/error.hpp"
 #include "metrale/plan.hpp"
@@ -40,7 +41,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
     const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every path below
     std::vector<bf16> out = poisoned_bf16(rp.out_elems());
     std::vector<float> lse(size_t(rp.rows()) * c.num_q_heads(), 12345.0f);
-    cpu::paged_attn(rp.args(out.data(), lse.data()));
+    test::cpu_single_pass(rp.args(out.data(), lse.data()));
     expect_runs_match(rp, ref, out, "single pass", &lse);
     // The sampled-rows reference (each row as the decode of its prefix, for
     // the GPU's runs too long for the whole reference) agrees on the same output.
@@ -53,19 +54,19 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
       const SplitKWorkspace w{ws.data(), ws.size() * 4, ns};
       out = poisoned_bf16(rp.out_elems());
       std::fill(lse.begin(), lse.end(), 12345.0f);
-      const PagedAttnArgs a = rp.args(out.data(), lse.data());
-      cpu::paged_attn_splitk(a, w);
-      cpu::paged_decode_attn_reduce(reduce_args_for(a, w));
+      const AttnArgs a = rp.args(out.data(), lse.data());
+      test::cpu_split_states(a, w);
+      cpu::reduce_states(reduce_args_for(a, w));
       expect_runs_match(rp, ref, out, "split-K " + std::to_string(ns), &lse);
     }
     // The planner's plan, for the batch's longest run.
-    DecodeProblem prob = decode_problem(rp.args(nullptr));
+    AttnProblem prob = attention_problem(rp.args(nullptr));
     prob.max_q_len = 1;
     for (int32_t s = 0; s < rp.p.num_seqs(); ++s) prob.max_q_len = std::max(prob.max_q_len, rp.q_start[s + 1] - rp.q_start[s]);
-    const DecodePlan plan = plan_decode(prob, cpu::decode_target());
+    const AttnPlan plan = plan_attention(prob, cpu::attention_target());
     std::vector<float> ws(plan.workspace_bytes / 4 + 4);
     out = poisoned_bf16(rp.out_elems());
-    cpu::run_attn(plan, rp.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
+    cpu::run_attention(plan, rp.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
     expect_runs_match(rp, ref, out, "run_attn, " + std::to_string(plan.num_splits) + " splits");
     if (HasFailure()) break;
   }
@@ -86,17 +87,17 @@ TEST(CpuAttn, RowsAreTheDecodesOfTheirPrefixes) {
     RunsProblem ones(c, {1, 1, 1, 1}, rng());
     // q rows of a decode = the runs' rows.
     std::vector<bf16> got = poisoned_bf16(ones.out_elems()), want = poisoned_bf16(ones.out_elems());
-    cpu::paged_attn(ones.args(got.data()));
-    DecodeArgs d = ones.p.args(want.data());
+    test::cpu_single_pass(ones.args(got.data()));
+    AttnArgs d = ones.p.args(want.data());
     d.sliding_window = ones.sliding_window;
     d.q = ones.q.data();
     d.q_stride = ones.q_stride;
-    cpu::paged_decode_attn(d);
+    test::cpu_single_pass(d);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << to_string(f) << " q_len 1 " << i;
 
     RunsProblem rp(c, {1, 13, 40, 130}, rng());
     got = poisoned_bf16(rp.out_elems());
-    cpu::paged_attn(rp.args(got.data()));
+    test::cpu_single_pass(rp.args(got.data()));
     const int32_t Hq = c.num_q_heads(), D = c.head_dim;
     for (int32_t s = 0; s < rp.p.num_seqs(); ++s) {
       const int32_t n = rp.q_start[s + 1] - rp.q_start[s];
@@ -104,14 +105,14 @@ TEST(CpuAttn, RowsAreTheDecodesOfTheirPrefixes) {
         const int32_t row = rp.q_start[s] + j;
         std::vector<int32_t> len{rp.p.seq_lens[s] - n + j + 1};
         std::vector<bf16> one(size_t(Hq) * D);
-        DecodeArgs pd = rp.p.args(one.data());
+        AttnArgs pd = rp.p.args(one.data());
         pd.num_seqs = 1;
         pd.q = rp.q.data() + size_t(row) * rp.q_stride;
         pd.q_stride = rp.q_stride;
         pd.block_tables = rp.p.block_tables.data() + size_t(s) * rp.p.max_blocks_per_seq;
         pd.seq_lens = len.data();
         pd.sliding_window = rp.sliding_window;
-        cpu::paged_decode_attn(pd);
+        test::cpu_single_pass(pd);
         for (int32_t e = 0; e < Hq * D; ++e)
           ASSERT_EQ(got[size_t(row) * Hq * D + e].bits, one[e].bits) << to_string(f) << " seq " << s << " row " << j;
       }
@@ -131,13 +132,13 @@ TEST(CpuAttn, NeutralSinksAndSoftCap) {
     c.seq_lens = {50, 300};
     RunsProblem rp(c, {3, 8}, rng());
     std::vector<bf16> plain = poisoned_bf16(rp.out_elems()), got = poisoned_bf16(rp.out_elems());
-    cpu::paged_attn(rp.args(plain.data()));
+    test::cpu_single_pass(rp.args(plain.data()));
     rp.sinks.assign(c.num_q_heads(), kNoSink);
-    cpu::paged_attn(rp.args(got.data()));
+    test::cpu_single_pass(rp.args(got.data()));
     for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, plain[i].bits) << to_string(f) << " sinks -inf";
     rp.sinks.clear();
     rp.softcap = 1e6f;
-    cpu::paged_attn(rp.args(got.data()));
+    test::cpu_single_pass(rp.args(got.data()));
     for (size_t i = 0; i < got.size(); ++i)
       ASSERT_NEAR(codec::bf16_to_float(got[i]), codec::bf16_to_float(plain[i]),
                   1e-2f * std::abs(codec::bf16_to_float(plain[i])) + 1e-3f)
@@ -145,7 +146,7 @@ TEST(CpuAttn, NeutralSinksAndSoftCap) {
     // A large sink takes the mass: the output shrinks toward 0.
     rp.softcap = 0.0f;
     rp.sinks.assign(c.num_q_heads(), 80.0f);  // far above every logit (outlier channels reach ~20)
-    cpu::paged_attn(rp.args(got.data()));
+    test::cpu_single_pass(rp.args(got.data()));
     for (size_t i = 0; i < got.size(); ++i) ASSERT_LT(std::abs(codec::bf16_to_float(got[i])), 1e-6f);
   }
 }
@@ -157,7 +158,7 @@ TEST(CpuAttn, RejectsBadRuns) {
   std::vector<bf16> out(rp.out_elems());
   auto expect_invalid = [&](RunsProblem& r, const std::string& arg) {
     try {
-      cpu::paged_attn(r.args(out.data()));
+      test::cpu_single_pass(r.args(out.data()));
       ADD_FAILURE() << "no exception; expected one naming " << arg;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
@@ -180,9 +181,9 @@ TEST(CpuAttn, RejectsBadRuns) {
   bad.softcap = std::numeric_limits<float>::infinity();
   expect_invalid(bad, "softcap");
   // q_start[num_seqs] must be the number of q rows.
-  PagedAttnArgs a = rp.args(out.data());
+  AttnArgs a = rp.args(out.data());
   a.num_q_rows = 4;
-  EXPECT_THROW(cpu::paged_attn(a), InvalidArgument);
+  EXPECT_THROW(test::cpu_single_pass(a), InvalidArgument);
 }
 
 }  // namespace

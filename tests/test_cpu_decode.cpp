@@ -1,4 +1,4 @@
-// CPU reference decode (cpu::paged_decode_attn, split-K + reduce, run_decode)
+// CPU reference attention over one row per sequence (single pass, split-K + reduce, run_attention)
 // against the independent float64 reference of tests/support, over a
 // randomized matrix of formats, shapes, windows, lengths and layouts.
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/forced_plans.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/plan.hpp"
 #include "support/problem.hpp"
@@ -30,7 +31,7 @@ T pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
 
 std::vector<bf16> run_single(const HostProblem& p) {
   std::vector<bf16> out = poisoned_bf16(p.out_elems());
-  cpu::paged_decode_attn(p.args(out.data()));
+  test::cpu_single_pass(p.args(out.data()));
   EXPECT_EQ(count_poison(out.data(), out.size()), 0) << "output elements left unwritten";
   return out;
 }
@@ -40,8 +41,8 @@ std::vector<bf16> run_split(const HostProblem& p, int32_t num_splits, std::vecto
   const size_t bytes = splitk_workspace_bytes(p.num_seqs(), p.num_q_heads(), p.layout.head_dim, num_splits);
   std::vector<float> ws(bytes / sizeof(float), std::numeric_limits<float>::quiet_NaN());
   std::vector<bf16> out = poisoned_bf16(p.out_elems());
-  const DecodeArgs a = p.args(out.data());
-  cpu::paged_decode_attn_splitk(a, SplitKWorkspace{ws.data(), bytes, num_splits});
+  const AttnArgs a = p.args(out.data());
+  test::cpu_split_states(a, SplitKWorkspace{ws.data(), bytes, num_splits});
   ReduceArgs r;
   r.workspace = ws.data();
   r.workspace_bytes = bytes;
@@ -50,7 +51,7 @@ std::vector<bf16> run_split(const HostProblem& p, int32_t num_splits, std::vecto
   r.head_dim = p.layout.head_dim;
   r.num_splits = num_splits;
   r.out = out.data();
-  cpu::paged_decode_attn_reduce(r);
+  cpu::reduce_states(r);
   EXPECT_EQ(count_poison(out.data(), out.size()), 0) << "output elements left unwritten";
   if (ws_out) *ws_out = std::move(ws);
   return out;
@@ -58,7 +59,7 @@ std::vector<bf16> run_split(const HostProblem& p, int32_t num_splits, std::vecto
 
 void expect_matches_reference(const HostProblem& p, const std::vector<bf16>& out, const char* what) {
   const Comparison cmp =
-      compare_decode(out.data(), reference_decode(p), p.num_seqs(), p.num_q_heads(), p.layout.head_dim);
+      compare_decode(out.data(), reference_attention(p), p.num_seqs(), p.num_q_heads(), p.layout.head_dim);
   EXPECT_TRUE(cmp.ok) << what << ": " << cmp.report;
 }
 
@@ -175,9 +176,9 @@ TEST(CpuDecode, EmptyBatchIsANoOp) {
   DecodeCase c;
   c.seq_lens = {5};
   const HostProblem p = make_problem(c, 1);
-  DecodeArgs a = p.args(nullptr);
+  AttnArgs a = p.args(nullptr);
   a.num_seqs = 0;
-  EXPECT_NO_THROW(cpu::paged_decode_attn(a));
+  EXPECT_NO_THROW(test::cpu_single_pass(a));
 }
 
 TEST(CpuDecode, ResultDoesNotDependOnThreadCount) {
@@ -219,16 +220,16 @@ TEST(CpuDecode, ConcurrentCallersGetTheirOwnResults) {
     want.push_back(run_single(problems.back()));
   }
   std::vector<std::thread> threads;
-  DecodePlanOptions single;
+  test::PlanChoices single;
   single.num_splits = 1;
   for (int i = 0; i < 4; ++i)
     threads.emplace_back([&, i] {
-      const DecodePlan plan =
-          plan_decode(decode_problem(problems[i].args(nullptr)), cpu::decode_target(), single);
+      const AttnPlan plan =
+          test::plan_with(attention_problem(problems[i].args(nullptr)), cpu::attention_target(), single);
       for (int rep = 0; rep < 5; ++rep) {
         got[i] = poisoned_bf16(problems[i].out_elems());
-        if (rep % 2) cpu::paged_decode_attn(problems[i].args(got[i].data()));
-        else cpu::run_decode(plan, problems[i].args(got[i].data()), SplitKWorkspace{});
+        if (rep % 2) test::cpu_single_pass(problems[i].args(got[i].data()));
+        else cpu::run_attention(plan, problems[i].args(got[i].data()), SplitKWorkspace{});
       }
     });
   for (std::thread& t : threads) t.join();
@@ -311,7 +312,7 @@ TEST(CpuDecode, ReduceMergesStatesByTheSplitKRule) {
   r.head_dim = D;
   r.num_splits = S;
   r.out = out.data();
-  cpu::paged_decode_attn_reduce(r);
+  cpu::reduce_states(r);
   const double w0 = 2.0 * std::exp(1.0 - 3.0), w1 = 0.5;
   for (int32_t d = 0; d < D; ++d) {
     const double expect = (w0 * (d + 1) + w1 * (d + 1) * -0.5) / (w0 + w1);
@@ -339,20 +340,20 @@ TEST(CpuDecode, RunDecodeWithPlannerPlan) {
       SCOPED_TRACE(c.describe());
       const HostProblem p = make_problem(c, rng());
       for (int32_t sms : {1, cpu::num_threads(), 132}) {
-        DecodeProblem dp;
+        AttnProblem dp;
         dp.num_seqs = p.num_seqs();
         dp.num_q_heads = p.num_q_heads();
         dp.layout = p.layout;
         dp.max_seq_len = *std::max_element(lens.begin(), lens.end());
-        DecodeTarget target = cpu::decode_target();
+        AttnTarget target = cpu::attention_target();
         target.num_sms = sms;
-        const DecodePlan plan = plan_decode(dp, target);
+        const AttnPlan plan = test::plan_with(dp, target);
         (plan.num_splits > 1 ? saw_split : saw_single) = true;
         SCOPED_TRACE("num_sms " + std::to_string(sms) + " num_splits " + std::to_string(plan.num_splits));
-        EXPECT_EQ(plan.merge, plan.num_splits > 1 ? DecodeMerge::workspace : DecodeMerge::single_pass);
+        EXPECT_EQ(plan.merge, plan.num_splits > 1 ? SplitMerge::workspace : SplitMerge::single_pass);
         std::vector<float> ws(plan.workspace_bytes / sizeof(float) + 4);
         std::vector<bf16> out = poisoned_bf16(p.out_elems());
-        cpu::run_decode(plan, p.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
+        cpu::run_attention(plan, p.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
         EXPECT_EQ(count_poison(out.data(), out.size()), 0);
         expect_matches_reference(p, out, "run_decode");
       }
@@ -387,7 +388,7 @@ TEST(CpuDecode, NaNInCacheReachesExactlyTheSequencesAttendingToIt) {
     // seq 2: NaN in K and V at positions masked by the window (same first page) -> no effect.
     poison_cache(p, 'k', 2, 48, 0, 1);
     poison_cache(p, 'v', 2, 49, 1, 2);
-    const std::vector<double> ref = reference_decode(p);
+    const std::vector<double> ref = reference_attention(p);
     for (int32_t ns : {1, 2, 3, 5}) {
       SCOPED_TRACE("num_splits " + std::to_string(ns));
       const std::vector<bf16> out = ns == 1 ? run_single(p) : run_split(p, ns);
@@ -423,7 +424,7 @@ TEST(CpuDecode, BadPageIdPoisonsOnlyItsSequence) {
     const int32_t mb = p.max_blocks_per_seq;
     p.block_tables[size_t(1) * mb + 3] = int32_t(p.layout.num_blocks);  // seq 1, attended page 3
     p.block_tables[size_t(2) * mb + 0] = -2;                            // seq 2, attended page 0
-    const std::vector<double> ref = reference_decode(p);
+    const std::vector<double> ref = reference_attention(p);
     for (int32_t ns : {1, 2, 7}) {
       SCOPED_TRACE("num_splits " + std::to_string(ns));
       const std::vector<bf16> out = ns == 1 ? run_single(p) : run_split(p, ns);
@@ -478,7 +479,7 @@ TEST(CpuDecode, SpeedBf16Batch64x4096) {
 
   std::vector<bf16> out = poisoned_bf16(p.out_elems());
   const auto t0 = std::chrono::steady_clock::now();
-  cpu::paged_decode_attn(p.args(out.data()));
+  test::cpu_single_pass(p.args(out.data()));
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("[ speed    ] cpu bf16 decode 64 x 4096 x (8 kv / 32 q heads) x 128: %.3f s on %d threads (%.2f GB/s)\n",
               sec, cpu::num_threads(), 2.0 * double(p.layout.cache_bytes()) / sec * 1e-9);
@@ -490,7 +491,7 @@ TEST(CpuDecode, SpeedBf16Batch64x4096) {
   HostProblem check = std::move(p);
   for (int32_t s = 0; s < S; ++s)
     if (s != 0 && s != 41) check.seq_lens[s] = 0;
-  const std::vector<double> ref = reference_decode(check);
+  const std::vector<double> ref = reference_attention(check);
   const size_t per_seq = size_t(32) * 128;
   for (int32_t s : {0, 41}) {
     const std::vector<double> r(ref.begin() + s * per_seq, ref.begin() + (s + 1) * per_seq);

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "testing/forced_plans.hpp"
 #include "metrale/cuda.hpp"
 #include "support/device_problem.hpp"
 #include "support/runs_problem.hpp"
@@ -29,8 +30,8 @@ struct DeviceRuns {
         out(std::max<size_t>(rp.out_elems(), 1)),
         lse(std::max<size_t>(size_t(rp.rows()) * rp.p.num_q_heads(), 1)) {}
 
-  PagedAttnArgs args(bool with_lse) {
-    PagedAttnArgs a = rp.args(out.get(), with_lse ? lse.get() : nullptr);
+  AttnArgs args(bool with_lse) {
+    AttnArgs a = rp.args(out.get(), with_lse ? lse.get() : nullptr);
     a.q = q.get();
     a.q_start = q_start.get();
     a.cache.k = k.get();
@@ -41,15 +42,15 @@ struct DeviceRuns {
     return a;
   }
   // options.num_splits 0: the planner's. Returns whether every guard held.
-  bool run(const DecodePlanOptions& options, bool with_lse) {
+  bool run(const test::PlanChoices& options, bool with_lse) {
     out.fill_bytes(0xFF);
     lse.fill_bytes(0xFF);
-    const PagedAttnArgs a = args(with_lse);
+    const AttnArgs a = args(with_lse);
     int32_t max_run = 1;
     for (size_t s = 0; s + 1 < rp.q_start.size(); ++s) max_run = std::max(max_run, rp.q_start[s + 1] - rp.q_start[s]);
-    plan = plan_decode(decode_problem(a, -1, max_run), cuda::decode_target(), options);
+    plan = test::plan_with(attention_problem(a, -1, max_run), cuda::attention_target(), options);
     DeviceBuffer<float> ws(std::max<size_t>(plan.workspace_bytes / 4, 1));
-    cuda::run_attn(plan, a, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
+    cuda::run_attention(plan, a, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
     METRALE_CUDA_OK(cudaDeviceSynchronize());
     return ws.guards_intact() && out.guards_intact() && lse.guards_intact() && k.guards_intact() &&
            q.guards_intact() && k.download() == rp.p.k_cache && v.download() == rp.p.v_cache;
@@ -72,7 +73,7 @@ struct DeviceRuns {
   DeviceBuffer<float> sinks;
   DeviceBuffer<bf16> out;
   DeviceBuffer<float> lse;
-  DecodePlan plan;
+  AttnPlan plan;
 };
 
 TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
@@ -102,30 +103,30 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
     DeviceRuns dr(rp);
     const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every kernel below
     for (int32_t ns : {0, 1, 3, int32_t(2 + rng() % 7), int32_t(9 + rng() % 30)}) {
-      for (DecodeMerge merge : {DecodeMerge::automatic, DecodeMerge::workspace}) {
-        DecodePlanOptions o;
+      for (SplitMerge merge : {SplitMerge::automatic, SplitMerge::workspace}) {
+        test::PlanChoices o;
         o.num_splits = ns;
         if (ns > 1 || ns == 0) o.merge = merge;
-        if (ns == 1 && merge == DecodeMerge::workspace) continue;
+        if (ns == 1 && merge == SplitMerge::workspace) continue;
         const bool with_lse = rng() % 2;
         const bool intact = dr.run(o, with_lse);
         const std::string what = "splits " + std::to_string(dr.plan.num_splits) + " merge " + to_string(dr.plan.merge) +
-                                 " load " + to_string(dr.plan.load_path);
+                                 " load " + to_string(dr.plan.launch.load_path);
         EXPECT_TRUE(intact) << what << ": a guard or an input was overwritten";
         const std::vector<float> lse = dr.lse_host();
         expect_runs_match(rp, ref, dr.out_host(), what, with_lse ? &lse : nullptr);
         if (c.format != KvFormat::nvfp4 && ns == 3) {
-          o.load_path = DecodeLoadPath::registers;
+          o.load_path = detail::LoadPath::registers;
           EXPECT_TRUE(dr.run(o, false));
           expect_runs_match(rp, ref, dr.out_host(), what + " registers");
-          o.load_path = DecodeLoadPath::automatic;
+          o.load_path = detail::LoadPath::automatic;
         }
         // The prefill kernel (tensor-core tiles of 128 packed rows) on the
         // same runs, with the same split count (0: the planner's; more splits
         // than a CTA has tiles leave empty records).
-        if (merge == DecodeMerge::automatic) {
-          DecodePlanOptions po;
-          po.prefill = DecodePrefill::on;
+        if (merge == SplitMerge::automatic) {
+          test::PlanChoices po;
+          po.prefill = detail::Toggle::on;
           po.num_splits = ns;
           EXPECT_TRUE(dr.run(po, with_lse));
           const std::vector<float> lse_p = dr.lse_host();
@@ -133,7 +134,7 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
                             with_lse ? &lse_p : nullptr);
         }
         // The other column tiling where the planner took two n-tiles per CTA.
-        if (ns == 3 && dr.plan.col_tiles == 2) {
+        if (ns == 3 && dr.plan.launch.col_tiles == 2) {
           o.col_tiles = 1;
           EXPECT_TRUE(dr.run(o, with_lse));
           const std::vector<float> lse1 = dr.lse_host();
@@ -143,7 +144,7 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
         // (two n-tiles) and whole rows (one), whatever the planner took.
         if ((ns == 1 || ns == 3) && c.format == KvFormat::nvfp4 && c.head_dim == 256) {
           for (int32_t parts : {1, 2}) {
-            DecodePlanOptions h = o;
+            test::PlanChoices h = o;
             h.head_dim_parts = parts;
             h.col_tiles = parts;
             EXPECT_TRUE(dr.run(h, with_lse));
@@ -194,7 +195,7 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
         for (auto [tiles, parts] : {std::pair{0, 0}, std::pair{1, 1}, std::pair{2, 2}}) {
           if (parts == 2 && (f != KvFormat::nvfp4 || D != 256)) continue;
           if (tiles == 1 && D > 128 && f != KvFormat::nvfp4) continue;  // the planner's: one column tile
-          DecodePlanOptions o;
+          test::PlanChoices o;
           o.num_splits = ns;
           o.col_tiles = tiles;
           o.head_dim_parts = parts;
@@ -202,8 +203,8 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
           const std::vector<float> lse = dr.lse_host();
           const std::vector<bf16> out = dr.out_host();
           const std::string what = "splits " + std::to_string(ns) + " merge " + to_string(dr.plan.merge) +
-                                   " col_tiles " + std::to_string(dr.plan.col_tiles) + " head_dim parts " +
-                                   std::to_string(dr.plan.head_dim_parts);
+                                   " col_tiles " + std::to_string(dr.plan.launch.col_tiles) + " head_dim parts " +
+                                   std::to_string(dr.plan.launch.head_dim_parts);
           expect_runs_match(rp, ref, out, what, &lse);
           // The reference's NaN rows are the rule; check the rule itself once.
           const int32_t H = c.num_q_heads(), row1 = rp.q_start[1];
@@ -214,8 +215,8 @@ TEST(GpuAttn, CorruptPagesAndNanKeysStayWithTheRowsThatReadThem) {
         }
       }
       for (int32_t ns : {1, 3, 12}) {
-        DecodePlanOptions o;
-        o.prefill = DecodePrefill::on;
+        test::PlanChoices o;
+        o.prefill = detail::Toggle::on;
         o.num_splits = ns;
         EXPECT_TRUE(dr.run(o, true));
         const std::vector<float> lse = dr.lse_host();
@@ -267,8 +268,8 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
     DeviceRuns dr(rp);
     const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every kernel below
     for (int32_t variant = 0; variant < 3; ++variant) {
-      DecodePlanOptions o;  // forced single pass, forced splits, the planner's choice
-      o.prefill = variant < 2 ? DecodePrefill::on : DecodePrefill::automatic;
+      test::PlanChoices o;  // forced single pass, forced splits, the planner's choice
+      o.prefill = variant < 2 ? detail::Toggle::on : detail::Toggle::automatic;
       if (variant == 1) o.num_splits = int32_t(2 + rng() % 11);
       // The launch orders: the planner's, the 3-D grid, bands of 1-4 tiles.
       if (variant < 2) o.tile_band = int32_t(pick(rng, -1, 0, 1, 2, 4));
@@ -278,9 +279,9 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
       EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
       const std::vector<float> lse = dr.lse_host();
       expect_runs_match(rp, ref, dr.out_host(),
-                        std::string(dr.plan.prefill ? "prefill kernel" : "runs kernel") + ", splits " +
-                            std::to_string(dr.plan.num_splits) + ", tile band " + std::to_string(dr.plan.tile_band) +
-                            (dr.plan.tile_pairs ? ", pairs" : ""),
+                        std::string(test::is_prefill(dr.plan) ? "prefill kernel" : "runs kernel") + ", splits " +
+                            std::to_string(dr.plan.num_splits) + ", tile band " + std::to_string(dr.plan.launch.tile_band) +
+                            (dr.plan.launch.tile_pairs ? ", pairs" : ""),
                         with_lse ? &lse : nullptr);
     }
     if (HasFailure()) break;
@@ -313,13 +314,13 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     SCOPED_TRACE(c.describe() + " runs " + std::to_string(n0) + ", " + std::to_string(n1) + " over " +
                  std::to_string(p1) + " softcap " + std::to_string(rp.softcap) + (rp.sinks.empty() ? "" : " sinks"));
     DeviceRuns dr(rp);
-    DecodePlanOptions o;
-    o.prefill = DecodePrefill::on;
+    test::PlanChoices o;
+    o.prefill = detail::Toggle::on;
     const int32_t pairs = int32_t(pick(rng, -1, 0, 1));
     o.tile_pairs = pairs;
     const bool with_lse = rng() % 2;
     EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
-    ASSERT_TRUE(dr.plan.prefill);
+    ASSERT_TRUE(test::is_prefill(dr.plan));
     const std::vector<bf16> out = dr.out_host();
     const std::vector<float> lse = dr.lse_host();
     std::vector<int32_t> sample;
@@ -330,7 +331,7 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
       for (int k = 0; k < 6; ++k) sample.push_back(r0 + int32_t(rng() % uint64_t(n)));
     }
     expect_rows_match(rp, sample, out, "prefill kernel", with_lse ? &lse : nullptr);
-    o.prefill = DecodePrefill::off;
+    o.prefill = detail::Toggle::off;
     o.tile_pairs = -1;  // the prefill kernel's only
     EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
     const std::vector<bf16> other = dr.out_host();
@@ -340,15 +341,15 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     EXPECT_TRUE(cmp.ok) << "prefill kernel against the runs kernel: " << cmp.report;
     // Split-K through the workspace, every row against the single pass, in
     // bands of tiles (the order above L2) or the 3-D grid.
-    o.prefill = DecodePrefill::on;
+    o.prefill = detail::Toggle::on;
     o.num_splits = int32_t(2 + rng() % 15);
     o.tile_band = int32_t(pick(rng, 0, 1, 3, 8, 64));
     o.tile_pairs = pairs == 0 ? 1 : 0;  // pairs off where the single pass had them (the planner's: on)
     EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
     const std::vector<bf16> split = dr.out_host();
     const Comparison cmp_split = compare_decode(split.data(), ref, rp.rows(), c.num_q_heads(), c.head_dim, 2e-2);
-    EXPECT_TRUE(cmp_split.ok) << "prefill kernel, " << o.num_splits << " splits, tile band " << dr.plan.tile_band
-                              << (dr.plan.tile_pairs ? ", pairs" : "")
+    EXPECT_TRUE(cmp_split.ok) << "prefill kernel, " << o.num_splits << " splits, tile band " << dr.plan.launch.tile_band
+                              << (dr.plan.launch.tile_pairs ? ", pairs" : "")
                               << ", against the runs kernel: " << cmp_split.report;
     if (HasFailure()) break;
   }
@@ -370,14 +371,14 @@ TEST(GpuAttn, DecodeWithSinksSoftCapAndLse) {
     DeviceRuns dr(rp);
     const RunsReference ref = runs_reference(rp);  // rp is final: one reference for every kernel below
     for (int32_t ns : {1, 4, 20}) {
-      DecodePlanOptions o;
+      test::PlanChoices o;
       o.num_splits = ns;
-      PagedAttnArgs a = dr.args(true);
+      AttnArgs a = dr.args(true);
       a.q_start = nullptr;  // one row per sequence: decode
       dr.out.fill_bytes(0xFF);
-      const DecodePlan plan = plan_decode(decode_problem(a), cuda::decode_target(), o);
+      const AttnPlan plan = test::plan_with(attention_problem(a), cuda::attention_target(), o);
       DeviceBuffer<float> ws(std::max<size_t>(plan.workspace_bytes / 4, 1));
-      cuda::run_attn(plan, a, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
+      cuda::run_attention(plan, a, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
       METRALE_CUDA_OK(cudaDeviceSynchronize());
       const std::vector<float> lse = dr.lse_host();
       expect_runs_match(rp, ref, dr.out_host(), std::string(to_string(f)) + " decode splits " + std::to_string(ns),

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/forced_plans.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/error.hpp"
 #include "support/device_problem.hpp"
@@ -29,32 +30,32 @@ struct RunResult {
 // else the split pass and the reduce as separate calls. `load`: a forced
 // load path (plans for every case, the workspace merge where not planned).
 RunResult run_gpu(const HostProblem& hp, DeviceProblem& dp, int32_t num_splits, bool planned = false,
-                  DecodeLoadPath load = DecodeLoadPath::automatic) {
+                  detail::LoadPath load = detail::LoadPath::automatic) {
   dp.poison_out();
-  DecodeArgs args = dp.args();
+  AttnArgs args = dp.args();
   const int32_t ns = std::max(num_splits, 1);
   const size_t bytes = splitk_workspace_bytes(hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, ns);
   DeviceBuffer<float> ws(std::max<size_t>(bytes / sizeof(float), 1));
   const SplitKWorkspace w{ws.get(), bytes, ns};
-  if (planned || load != DecodeLoadPath::automatic) {
-    DecodePlanOptions o;
+  if (planned || load != detail::LoadPath::automatic) {
+    test::PlanChoices o;
     o.num_splits = ns;
     o.load_path = load;
-    if (!planned && num_splits > 0) o.merge = DecodeMerge::workspace;
-    cuda::run_decode(plan_decode(decode_problem(args), cuda::decode_target(), o), args, w);
+    if (!planned && num_splits > 0) o.merge = SplitMerge::workspace;
+    cuda::run_attention(test::plan_with(attention_problem(args), cuda::attention_target(), o), args, w);
   } else if (num_splits == 0) {
-    cuda::paged_decode_attn(args);
+    test::cuda_single_pass(args);
   } else {
-    cuda::paged_decode_attn_splitk(args, w);
+    test::cuda_split_states(args, w);
     ReduceArgs r{ws.get(), bytes, hp.num_seqs(), hp.num_q_heads(), hp.layout.head_dim, num_splits, args.out};
-    cuda::paged_decode_attn_reduce(r);
+    cuda::reduce_states(r);
   }
   METRALE_CUDA_OK(cudaDeviceSynchronize());
   return {dp.download_out(), ws.guards_intact() && dp.out_guards_intact()};
 }
 
 // The kernel bf16 and fp8 take where the driver cannot encode the TMA maps.
-constexpr DecodeLoadPath kRegisters = DecodeLoadPath::registers;
+constexpr detail::LoadPath kRegisters = detail::LoadPath::registers;
 
 void expect_matches(const HostProblem& hp, const std::vector<double>& ref, const RunResult& r, const std::string& what) {
   EXPECT_TRUE(r.guards_ok) << what << ": a guard region around the output or workspace was written";
@@ -101,7 +102,7 @@ TEST(GpuDecode, RandomizedMatrixSinglePassAndSplitK) {
     const DecodeCase c = random_case(rng);
     SCOPED_TRACE(c.describe());
     const HostProblem hp = make_problem(c, rng());
-    const std::vector<double> ref = reference_decode(hp);
+    const std::vector<double> ref = reference_attention(hp);
     DeviceProblem dp(hp);
     expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass");
     const int32_t pages = max_pages(hp);
@@ -131,7 +132,7 @@ TEST(GpuDecode, EveryNumSplitsUpToMoreThanPages) {
     c.block_size = 16;
     c.seq_lens = {0, 1, 16, 17, 200, 333};
     const HostProblem hp = make_problem(c, seed + int(f));
-    const std::vector<double> ref = reference_decode(hp);
+    const std::vector<double> ref = reference_attention(hp);
     DeviceProblem dp(hp);
     for (int32_t ns = 1; ns <= max_pages(hp) + 3; ++ns) {
       expect_matches(hp, ref, run_gpu(hp, dp, ns), std::string(to_string(f)) + " num_splits=" + std::to_string(ns));
@@ -147,7 +148,7 @@ TEST(GpuDecode, EveryForcedPlanOption) {
   METRALE_SKIP_WITHOUT_GPU();
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const DecodeTarget target = cuda::decode_target();
+  const AttnTarget target = cuda::attention_target();
   for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
     DecodeCase c;
     c.format = f;
@@ -156,26 +157,30 @@ TEST(GpuDecode, EveryForcedPlanOption) {
     c.group = 2;  // pairs allowed: 2 * group <= 8
     c.seq_lens = {0, 1, 37, 300, 1000};
     const HostProblem hp = make_problem(c, seed + int(f));
-    const std::vector<double> ref = reference_decode(hp);
+    const std::vector<double> ref = reference_attention(hp);
     DeviceProblem dp(hp);
-    const DecodeArgs args = dp.args();
-    for (DecodePairing pairing : {DecodePairing::off, DecodePairing::on})
-      for (DecodeLoadPath load : {DecodeLoadPath::registers, DecodeLoadPath::tma})
-        for (DecodeMerge merge : {DecodeMerge::single_pass, DecodeMerge::workspace, DecodeMerge::cluster})
+    const AttnArgs args = dp.args();
+    for (detail::Toggle pairing : {detail::Toggle::off, detail::Toggle::on})
+      for (detail::LoadPath load : {detail::LoadPath::registers, detail::LoadPath::tma})
+        for (SplitMerge merge : {SplitMerge::single_pass, SplitMerge::workspace, SplitMerge::cluster})
           for (int32_t ns : {1, 3, 8}) {
-            if (load == DecodeLoadPath::tma && f == KvFormat::nvfp4) continue;
-            if ((merge == DecodeMerge::single_pass) != (ns == 1) || (merge == DecodeMerge::cluster && ns == 1))
+            if (load == detail::LoadPath::tma && f == KvFormat::nvfp4) continue;
+            if ((merge == SplitMerge::single_pass) != (ns == 1) || (merge == SplitMerge::cluster && ns == 1))
               continue;
-            DecodePlanOptions o{ns, pairing, load, merge};
-            const DecodePlan plan = plan_decode(decode_problem(args), target, o);
-            const std::string what = std::string(to_string(f)) + (plan.pair_kv_heads ? " paired " : " ") +
-                                     to_string(plan.load_path) + " " + to_string(plan.merge) + " splits " +
+            test::PlanChoices o;
+            o.num_splits = ns;
+            o.merge = merge;
+            o.pairing = pairing;
+            o.load_path = load;
+            const AttnPlan plan = test::plan_with(attention_problem(args), target, o);
+            const std::string what = std::string(to_string(f)) + (plan.launch.pair_kv_heads ? " paired " : " ") +
+                                     detail::to_string(plan.launch.load_path) + " " + to_string(plan.merge) + " splits " +
                                      std::to_string(ns);
-            EXPECT_EQ(plan.pair_kv_heads, pairing == DecodePairing::on) << what;
+            EXPECT_EQ(plan.launch.pair_kv_heads, pairing == detail::Toggle::on) << what;
             EXPECT_EQ(plan.merge, merge) << what;
             dp.poison_out();
             DeviceBuffer<float> ws(std::max<size_t>(plan.workspace_bytes / sizeof(float), 1));
-            cuda::run_decode(plan, args, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
+            cuda::run_attention(plan, args, SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
             METRALE_CUDA_OK(cudaDeviceSynchronize());
             expect_matches(hp, ref, {dp.download_out(), ws.guards_intact() && dp.out_guards_intact()}, what);
           }
@@ -196,14 +201,14 @@ TEST(GpuDecode, PlannerRunsEveryBatchShape) {
       c.seq_lens[0] = len / 3;
       const HostProblem hp = make_problem(c, seed + n + int(f));
       DeviceProblem dp(hp);
-      const DecodePlan plan = plan_decode(decode_problem(dp.args(), len), cuda::decode_target());
+      const AttnPlan plan = test::plan_with(attention_problem(dp.args(), len), cuda::attention_target());
       SCOPED_TRACE(c.describe() + " planned splits " + std::to_string(plan.num_splits) + ", merge " +
-                   to_string(plan.merge) + ", load " + to_string(plan.load_path));
+                   to_string(plan.merge) + ", load " + detail::to_string(plan.launch.load_path));
       dp.poison_out();
       DeviceBuffer<float> ws(std::max<size_t>(plan.workspace_bytes / sizeof(float), 1));
-      cuda::run_decode(plan, dp.args(), SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
+      cuda::run_attention(plan, dp.args(), SplitKWorkspace{ws.get(), plan.workspace_bytes, plan.num_splits});
       METRALE_CUDA_OK(cudaDeviceSynchronize());
-      expect_matches(hp, reference_decode(hp), {dp.download_out(), ws.guards_intact()}, "planned run");
+      expect_matches(hp, reference_attention(hp), {dp.download_out(), ws.guards_intact()}, "planned run");
     }
   }
 }
@@ -222,8 +227,8 @@ TEST(GpuDecode, TensOfThousandsOfSequences) {
   c.seq_lens = interesting_lengths(16, 40, 70000, seed);
   const HostProblem hp = make_problem(c, seed);
   DeviceProblem dp(hp);
-  expect_matches(hp, reference_decode(hp), run_gpu(hp, dp, 0), "70000 sequences");
-  expect_matches(hp, reference_decode(hp), run_gpu(hp, dp, 3), "70000 sequences, 3 splits");
+  expect_matches(hp, reference_attention(hp), run_gpu(hp, dp, 0), "70000 sequences");
+  expect_matches(hp, reference_attention(hp), run_gpu(hp, dp, 3), "70000 sequences, 3 splits");
 }
 
 // Several waves of CTAs of every size side by side: ragged lengths (empty
@@ -261,7 +266,7 @@ TEST(GpuDecode, ManyWavesOfRaggedItemsKeepNanAndCorruptPagesToThemselves) {
       hp.block_tables[bad_seq * hp.max_blocks_per_seq + (hp.seq_lens[bad_seq] - 1) / c.block_size] =
           int32_t(hp.layout.num_blocks) + 7;
       for (int d = 0; d < D; ++d) poison_cache(hp, 'v', nan_seq, hp.seq_lens[nan_seq] - 1, 3, d);
-      const std::vector<double> ref = reference_decode(hp);
+      const std::vector<double> ref = reference_attention(hp);
       DeviceProblem dp(hp);
       expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass");
       expect_matches(hp, ref, run_gpu(hp, dp, 3), "split-K, 3 splits");
@@ -290,7 +295,7 @@ TEST(GpuDecode, NanInCacheReachesTheOutput) {
         HostProblem hp = make_problem(c, seed);
         // Sequence 1, position 20, kv head 0 (of 2): every element.
         for (int d = 0; d < D; ++d) poison_cache(hp, which, 1, 20, 0, d);
-        const std::vector<double> ref = reference_decode(hp);
+        const std::vector<double> ref = reference_attention(hp);
         DeviceProblem dp(hp);
         for (auto [ns, planned] : std::vector<std::pair<int32_t, bool>>{{0, false}, {4, false}, {4, true}}) {
           const RunResult r = run_gpu(hp, dp, ns, planned);
@@ -336,7 +341,7 @@ TEST(GpuDecode, HeadDim64PairsOfKvHeads) {
       while (hp.seq_lens[s] < 2) ++s;
       for (int d = 0; d < 64; ++d) poison_cache(hp, 'k', s, hp.seq_lens[s] - 1, 0, d);
       for (int d = 0; d < 64; ++d) poison_cache(hp, 'v', s, 0, heads - 1, d);
-      const std::vector<double> ref = reference_decode(hp);
+      const std::vector<double> ref = reference_attention(hp);
       DeviceProblem dp(hp);
       expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass");
       expect_matches(hp, ref, run_gpu(hp, dp, 5), "split-K, 5 splits");
@@ -360,31 +365,36 @@ TEST(GpuDecode, CorruptBlockTableGivesNanNotAFault) {
   c.seq_lens = {40, 40};
   HostProblem hp = make_problem(c, seed);
   hp.block_tables[1 * hp.max_blocks_per_seq + 1] = int32_t(hp.layout.num_blocks) + 1000000;
-  const std::vector<double> ref = reference_decode(hp);
+  const std::vector<double> ref = reference_attention(hp);
   DeviceProblem dp(hp);
   for (int32_t ns : {0, 2}) expect_matches(hp, ref, run_gpu(hp, dp, ns), "corrupt table, splits " + std::to_string(ns));
   expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "corrupt table, run_decode with 2 splits (cluster merge)");
 }
 
 TEST(GpuDecode, LaunchersRejectBadArgumentsBeforeLaunching) {
-  // Validation precedes any CUDA call, so this runs without a GPU too.
+  // Validation precedes any CUDA call, so this runs without a GPU too (the
+  // plans come from a target described here, not from the device).
+  AttnTarget gpu;
+  gpu.num_sms = 132;
   DecodeCase c;
   c.seq_lens = {5};
   const HostProblem hp = make_problem(c, 1);
   std::vector<bf16> out(hp.out_elems());
-  DecodeArgs a = hp.args(out.data());
+  AttnArgs a = hp.args(out.data());
+  const AttnPlan single = forced_plan(a, gpu, 1, SplitMerge::single_pass);
   a.num_q_heads = 7;
   try {
-    cuda::paged_decode_attn(a);
+    cuda::run_attention(single, a, {});
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("num_q_heads"), std::string::npos) << e.what();
   }
   a = hp.args(out.data());
-  EXPECT_THROW(cuda::paged_decode_attn_splitk(a, SplitKWorkspace{nullptr, 0, 2}), InvalidArgument);
-  EXPECT_THROW(cuda::paged_decode_attn_splitk(a, SplitKWorkspace{nullptr, 0, kMaxSplits + 1}), InvalidArgument);
+  const AttnPlan states = forced_plan(a, gpu, 2, SplitMerge::states_only);
+  EXPECT_THROW(cuda::run_attention(states, a, SplitKWorkspace{nullptr, 0, 2}), InvalidArgument);
+  EXPECT_THROW(forced_plan(a, gpu, kMaxSplits + 1, SplitMerge::states_only), InvalidArgument);
   ReduceArgs r{nullptr, 0, 1, hp.num_q_heads(), 96, 2, out.data()};
-  EXPECT_THROW(cuda::paged_decode_attn_reduce(r), Unsupported);
+  EXPECT_THROW(cuda::reduce_states(r), Unsupported);
   // A valid layout the kernels cannot address: byte offsets inside a page are 32-bit.
   c.format = KvFormat::nvfp4;
   const HostProblem hp4 = make_problem(c, 1);
@@ -392,7 +402,7 @@ TEST(GpuDecode, LaunchersRejectBadArgumentsBeforeLaunching) {
   a.cache.layout.data_section_bytes = int64_t(1) << 30;
   a.cache.layout.page_stride_bytes = (int64_t(1) << 30) + (int64_t(1) << 20);
   try {
-    cuda::paged_decode_attn(a);
+    cuda::run_attention(forced_plan(a, gpu, 1, SplitMerge::single_pass), a, {});
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("data_section_bytes"), std::string::npos) << e.what();

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "testing/forced_plans.hpp"
 #include "metrale/error.hpp"
 #include "metrale/ops.hpp"
 #include "metrale/plan.hpp"
@@ -17,9 +18,9 @@ namespace {
 
 constexpr int32_t kH200Sms = 132;
 
-DecodeProblem problem(int32_t seqs, int32_t kv_heads, int32_t group, int32_t max_len, int32_t window = 0,
+AttnProblem problem(int32_t seqs, int32_t kv_heads, int32_t group, int32_t max_len, int32_t window = 0,
                       KvFormat f = KvFormat::bf16, int32_t head_dim = 128, int32_t block_size = 16) {
-  DecodeProblem p;
+  AttnProblem p;
   p.num_seqs = seqs;
   p.num_q_heads = kv_heads * group;
   switch (f) {
@@ -33,23 +34,23 @@ DecodeProblem problem(int32_t seqs, int32_t kv_heads, int32_t group, int32_t max
 }
 
 // A target of `sms` SMs without TMA or clusters (the split rule alone).
-DecodePlan plan_for(const DecodeProblem& p, int32_t sms, const DecodePlanOptions& o = {}) {
-  DecodeTarget t;
+AttnPlan plan_for(const AttnProblem& p, int32_t sms, const test::PlanChoices& o = {}) {
+  AttnTarget t;
   t.num_sms = sms;
-  return plan_decode(p, t, o);
+  return test::plan_with(p, t, o);
 }
 
 // An H200-like target: TMA, and `resident` clusters of any size resident at once.
-DecodeTarget gpu_like(int64_t resident) {
-  DecodeTarget t;
+AttnTarget gpu_like(int64_t resident) {
+  AttnTarget t;
   t.num_sms = kH200Sms;
   t.tma = true;
   t.l2_bytes = 50 << 20;
-  t.resident_clusters = [resident](const DecodeKernelId&, int32_t) { return resident; };
+  t.resident_clusters = [resident](const detail::KernelId&, int32_t) { return resident; };
   return t;
 }
 
-void expect_well_formed(const DecodeProblem& p, const DecodePlan& plan) {
+void expect_well_formed(const AttnProblem& p, const AttnPlan& plan) {
   EXPECT_GE(plan.num_splits, 1);
   EXPECT_LE(plan.num_splits, kMaxSplits);
   if (plan.num_splits > 1)
@@ -62,8 +63,8 @@ void expect_well_formed(const DecodeProblem& p, const DecodePlan& plan) {
 TEST(Planner, SinglePassWhenTheBatchFillsTheMachine) {
   for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4})
     for (int32_t len : {100, 4096, 131072}) {
-      const DecodeProblem p = problem(256, 8, 4, len, 0, f);
-      const DecodePlan plan = plan_for(p, kH200Sms);
+      const AttnProblem p = problem(256, 8, 4, len, 0, f);
+      const AttnPlan plan = plan_for(p, kH200Sms);
       EXPECT_EQ(plan.num_splits, 1) << "len " << len;
       expect_well_formed(p, plan);
     }
@@ -71,15 +72,15 @@ TEST(Planner, SinglePassWhenTheBatchFillsTheMachine) {
 
 TEST(Planner, SplitsBatchOneLongContexts) {
   for (int32_t len : {8192, 32768, 131072}) {
-    const DecodeProblem p = problem(1, 8, 4, len);
-    const DecodePlan plan = plan_for(p, kH200Sms);
+    const AttnProblem p = problem(1, 8, 4, len);
+    const AttnPlan plan = plan_for(p, kH200Sms);
     EXPECT_GT(plan.num_splits, 1) << "len " << len;
     expect_well_formed(p, plan);
   }
   // Longer contexts never get fewer splits.
   int32_t prev = 0;
   for (int32_t len = 512; len <= (1 << 20); len *= 2) {
-    const DecodePlan plan = plan_for(problem(1, 2, 8, len), kH200Sms);
+    const AttnPlan plan = plan_for(problem(1, 2, 8, len), kH200Sms);
     EXPECT_GE(plan.num_splits, prev) << "len " << len;
     prev = plan.num_splits;
   }
@@ -105,15 +106,15 @@ TEST(Planner, ShortContextsAreNotCutIntoTinyPieces) {
   for (int32_t len : {0, 1, 16, 100, 255})
     EXPECT_EQ(plan_for(problem(1, 1, 1, len), kH200Sms).num_splits, 1) << "len " << len;
   // A sliding window bounds the attended length whatever the context.
-  const DecodePlan windowed = plan_for(problem(1, 8, 4, 1 << 20, 128), kH200Sms);
+  const AttnPlan windowed = plan_for(problem(1, 8, 4, 1 << 20, 128), kH200Sms);
   EXPECT_EQ(windowed.num_splits, 1);
   const uint64_t seed = random_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   for (int i = 0; i < 500; ++i) {
     const int32_t len = int32_t(rng() % 200000), window = (rng() % 3 == 0) ? int32_t(rng() % 5000) : 0;
-    const DecodeProblem p = problem(1 + int32_t(rng() % 64), 1 + int32_t(rng() % 8), 1 << (rng() % 4), len, window);
-    const DecodePlan plan = plan_for(p, 1 + int32_t(rng() % 200));
+    const AttnProblem p = problem(1 + int32_t(rng() % 64), 1 + int32_t(rng() % 8), 1 << (rng() % 4), len, window);
+    const AttnPlan plan = plan_for(p, 1 + int32_t(rng() % 200));
     expect_well_formed(p, plan);
     const int64_t attended = window > 0 ? std::min<int64_t>(len, window + 16) : len;
     if (plan.num_splits > 1) {
@@ -127,10 +128,10 @@ TEST(Planner, NumSplitsWithinBoundsAndDeterministic) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   for (int i = 0; i < 300; ++i) {
-    const DecodeProblem p =
+    const AttnProblem p =
         problem(int32_t(rng() % 300), 1 + int32_t(rng() % 16), 1 + int32_t(rng() % 8), int32_t(rng() % (1 << 22)));
     const int32_t sms = 1 + int32_t(rng() % 1000);
-    const DecodePlan a = plan_for(p, sms), b = plan_for(p, sms);
+    const AttnPlan a = plan_for(p, sms), b = plan_for(p, sms);
     expect_well_formed(p, a);
     EXPECT_EQ(a.num_splits, b.num_splits);
     EXPECT_EQ(a.workspace_bytes, b.workspace_bytes);
@@ -138,7 +139,7 @@ TEST(Planner, NumSplitsWithinBoundsAndDeterministic) {
   // Even an extreme machine with one huge sequence stays within kMaxSplits.
   EXPECT_LE(plan_for(problem(1, 1, 1, 1 << 30), 100000).num_splits, kMaxSplits);
   // An empty batch is a single pass with no workspace.
-  const DecodePlan empty = plan_for(problem(0, 8, 4, 4096), kH200Sms);
+  const AttnPlan empty = plan_for(problem(0, 8, 4, 4096), kH200Sms);
   EXPECT_EQ(empty.num_splits, 1);
   EXPECT_EQ(empty.workspace_bytes, 0u);
 }
@@ -148,45 +149,45 @@ TEST(Planner, NumSplitsWithinBoundsAndDeterministic) {
 TEST(Planner, RecordsLoadPathMergeAndGrid) {
   for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
     // 1 x 8192, 8 kv heads of 4 q heads: 8 CTAs per split, so splits.
-    const DecodeProblem p = problem(1, 8, 4, 8192, 0, f);
-    const DecodePlan resident = plan_decode(p, gpu_like(1000));
-    EXPECT_EQ(resident.load_path, f == KvFormat::nvfp4 ? DecodeLoadPath::registers : DecodeLoadPath::tma);
-    EXPECT_EQ(resident.ctas_per_seq, 8);
+    const AttnProblem p = problem(1, 8, 4, 8192, 0, f);
+    const AttnPlan resident = plan_attention(p, gpu_like(1000));
+    EXPECT_EQ(resident.launch.load_path, f == KvFormat::nvfp4 ? detail::LoadPath::registers : detail::LoadPath::tma);
+    EXPECT_EQ(resident.launch.ctas_per_seq, 8);
     EXPECT_EQ(resident.grid_x(1), 8);
     ASSERT_GT(resident.num_splits, 1);
     if (resident.num_splits <= 8) {
-      EXPECT_EQ(resident.merge, DecodeMerge::cluster);
+      EXPECT_EQ(resident.merge, SplitMerge::cluster);
       EXPECT_EQ(resident.workspace_bytes, 0u);  // merged in shared memory
     }
     // Not every cluster resident at once: the workspace and the reduce.
-    const DecodePlan waves = plan_decode(p, gpu_like(4));
-    EXPECT_EQ(waves.merge, DecodeMerge::workspace);
+    const AttnPlan waves = plan_attention(p, gpu_like(4));
+    EXPECT_EQ(waves.merge, SplitMerge::workspace);
     EXPECT_EQ(waves.workspace_bytes, splitk_workspace_bytes(1, 32, 128, waves.num_splits));
     // A target without TMA or clusters.
-    const DecodePlan plain = plan_for(p, kH200Sms);
-    EXPECT_EQ(plain.load_path, DecodeLoadPath::registers);
-    EXPECT_EQ(plain.merge, DecodeMerge::workspace);
+    const AttnPlan plain = plan_for(p, kH200Sms);
+    EXPECT_EQ(plain.launch.load_path, detail::LoadPath::registers);
+    EXPECT_EQ(plain.merge, SplitMerge::workspace);
     // Forced options win where they can run.
-    DecodePlanOptions o;
+    test::PlanChoices o;
     o.num_splits = 3;
-    o.load_path = DecodeLoadPath::registers;
-    o.merge = DecodeMerge::workspace;
-    const DecodePlan forced = plan_decode(p, gpu_like(1000), o);
+    o.load_path = detail::LoadPath::registers;
+    o.merge = SplitMerge::workspace;
+    const AttnPlan forced = test::plan_with(p, gpu_like(1000), o);
     EXPECT_EQ(forced.num_splits, 3);
-    EXPECT_EQ(forced.load_path, DecodeLoadPath::registers);
-    EXPECT_EQ(forced.merge, DecodeMerge::workspace);
-    o.merge = DecodeMerge::cluster;
-    EXPECT_EQ(plan_decode(p, gpu_like(1), o).merge, DecodeMerge::cluster);
+    EXPECT_EQ(forced.launch.load_path, detail::LoadPath::registers);
+    EXPECT_EQ(forced.merge, SplitMerge::workspace);
+    o.merge = SplitMerge::cluster;
+    EXPECT_EQ(test::plan_with(p, gpu_like(1), o).merge, SplitMerge::cluster);
   }
   // Group of 12: two q-head tiles per kv head; paired heads halve the units.
-  EXPECT_EQ(plan_for(problem(1, 2, 12, 100), kH200Sms).ctas_per_seq, 4);
-  DecodePlanOptions pair;
-  pair.pairing = DecodePairing::on;
-  const DecodePlan paired = plan_for(problem(1, 8, 2, 100, 0, KvFormat::fp8_e4m3, 64), kH200Sms, pair);
-  EXPECT_TRUE(paired.pair_kv_heads);
-  EXPECT_EQ(paired.kv_units, 4);
-  EXPECT_EQ(paired.unit_group, 4);
-  EXPECT_EQ(paired.kernel().head_dim, 128);
+  EXPECT_EQ(plan_for(problem(1, 2, 12, 100), kH200Sms).launch.ctas_per_seq, 4);
+  test::PlanChoices pair;
+  pair.pairing = detail::Toggle::on;
+  const AttnPlan paired = plan_for(problem(1, 8, 2, 100, 0, KvFormat::fp8_e4m3, 64), kH200Sms, pair);
+  EXPECT_TRUE(paired.launch.pair_kv_heads);
+  EXPECT_EQ(paired.launch.kv_units, 4);
+  EXPECT_EQ(paired.launch.unit_group, 4);
+  EXPECT_EQ(paired.kernel_id().head_dim, 128);
 }
 
 // Query runs: a CTA's columns are (row, q head) pairs, 8 per n-tile, two
@@ -195,44 +196,44 @@ TEST(Planner, RecordsLoadPathMergeAndGrid) {
 // formats, where the one-tile grid is below half a wave; a forced tiling
 // wins where it can run.
 TEST(Planner, QueryRunsTileTheirColumns) {
-  DecodeProblem p = problem(64, 8, 4, 4096);
+  AttnProblem p = problem(64, 8, 4, 4096);
   p.max_q_len = 4;  // 16 columns per kv head
-  const DecodePlan two = plan_decode(p, gpu_like(1000));
-  EXPECT_TRUE(two.kernel().runs);
-  EXPECT_EQ(two.col_tiles, 2);
-  EXPECT_EQ(two.kernel().col_tiles, 2);
-  EXPECT_EQ(two.head_tiles, 1);
-  EXPECT_EQ(two.ctas_per_seq, 8);
+  const AttnPlan two = plan_attention(p, gpu_like(1000));
+  EXPECT_TRUE(two.kernel_id().runs);
+  EXPECT_EQ(two.launch.col_tiles, 2);
+  EXPECT_EQ(two.kernel_id().col_tiles, 2);
+  EXPECT_EQ(two.launch.head_tiles, 1);
+  EXPECT_EQ(two.launch.ctas_per_seq, 8);
   // Batch 1: bf16 (TMA) takes one tile, NVFP4 two at 32768 tokens, one at 4096 (short splits).
   for (auto [f, len, tiles] : {std::tuple{KvFormat::bf16, 32768, 1}, std::tuple{KvFormat::fp8_e4m3, 32768, 1},
                                std::tuple{KvFormat::nvfp4, 32768, 2}, std::tuple{KvFormat::nvfp4, 4096, 1}}) {
-    DecodeProblem one = problem(1, 8, 4, len, 0, f);
+    AttnProblem one = problem(1, 8, 4, len, 0, f);
     one.max_q_len = 4;
-    EXPECT_EQ(plan_decode(one, gpu_like(1000)).col_tiles, tiles) << to_string(f) << " " << len;
+    EXPECT_EQ(test::plan_with(one, gpu_like(1000)).launch.col_tiles, tiles) << to_string(f) << " " << len;
   }
   p.max_q_len = 16;  // 64 columns: 4 tiles of 16 (the planner's choice is the prefill kernel)
-  DecodePlanOptions runs_only;
-  runs_only.prefill = DecodePrefill::off;
-  EXPECT_EQ(plan_decode(p, gpu_like(1000), runs_only).head_tiles, 4);
+  test::PlanChoices runs_only;
+  runs_only.prefill = detail::Toggle::off;
+  EXPECT_EQ(test::plan_with(p, gpu_like(1000), runs_only).launch.head_tiles, 4);
   p.max_q_len = 2;  // 8 columns: one n-tile does
-  EXPECT_EQ(plan_decode(p, gpu_like(1000)).col_tiles, 1);
-  DecodeProblem wide = problem(4, 8, 4, 4096, 0, KvFormat::fp8_e4m3, 256);
+  EXPECT_EQ(plan_attention(p, gpu_like(1000)).launch.col_tiles, 1);
+  AttnProblem wide = problem(4, 8, 4, 4096, 0, KvFormat::fp8_e4m3, 256);
   wide.max_q_len = 4;
-  const DecodePlan one = plan_decode(wide, gpu_like(1000));
-  EXPECT_EQ(one.col_tiles, 1);
-  EXPECT_EQ(one.head_tiles, 2);
-  DecodePlanOptions o;
+  const AttnPlan one = plan_attention(wide, gpu_like(1000));
+  EXPECT_EQ(one.launch.col_tiles, 1);
+  EXPECT_EQ(one.launch.head_tiles, 2);
+  test::PlanChoices o;
   o.col_tiles = 1;
   p.max_q_len = 8;
-  const DecodePlan forced = plan_decode(p, gpu_like(1000), o);
-  EXPECT_EQ(forced.col_tiles, 1);
-  EXPECT_EQ(forced.head_tiles, 4);
+  const AttnPlan forced = test::plan_with(p, gpu_like(1000), o);
+  EXPECT_EQ(forced.launch.col_tiles, 1);
+  EXPECT_EQ(forced.launch.head_tiles, 4);
   o.col_tiles = 2;
-  EXPECT_THROW(plan_decode(wide, gpu_like(1000), o), Unsupported);
-  EXPECT_THROW(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000), o), Unsupported);  // decode
+  EXPECT_THROW(test::plan_with(wide, gpu_like(1000), o), Unsupported);
+  EXPECT_THROW(test::plan_with(problem(4, 8, 4, 4096), gpu_like(1000), o), Unsupported);  // decode
   o.col_tiles = 3;
-  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), InvalidArgument);
-  EXPECT_EQ(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000)).col_tiles, 1);
+  EXPECT_THROW(test::plan_with(p, gpu_like(1000), o), InvalidArgument);
+  EXPECT_EQ(plan_attention(problem(4, 8, 4, 4096), gpu_like(1000)).launch.col_tiles, 1);
 }
 
 // NVFP4 runs at head_dim 256 of more than 8 columns per kv head split
@@ -241,54 +242,54 @@ TEST(Planner, QueryRunsTileTheirColumns) {
 // keep whole rows; head_dim 128 and the other formats never split it, and
 // forcing it where it cannot run throws.
 TEST(Planner, Nvfp4RunsSplitHeadDim256OverTeamsOfTwoWarps) {
-  DecodeProblem p = problem(16, 8, 4, 8192, 0, KvFormat::nvfp4, 256);
+  AttnProblem p = problem(16, 8, 4, 8192, 0, KvFormat::nvfp4, 256);
   p.max_q_len = 4;  // 16 columns
-  const DecodePlan q4 = plan_decode(p, gpu_like(1000));
-  EXPECT_EQ(q4.head_dim_parts, 2);
-  EXPECT_EQ(q4.col_tiles, 2);
-  EXPECT_EQ(q4.head_tiles, 1);
-  EXPECT_EQ(q4.kernel().head_dim_parts, 2);
-  DecodePlanOptions runs_only;
-  runs_only.prefill = DecodePrefill::off;
+  const AttnPlan q4 = plan_attention(p, gpu_like(1000));
+  EXPECT_EQ(q4.launch.head_dim_parts, 2);
+  EXPECT_EQ(q4.launch.col_tiles, 2);
+  EXPECT_EQ(q4.launch.head_tiles, 1);
+  EXPECT_EQ(q4.kernel_id().head_dim_parts, 2);
+  test::PlanChoices runs_only;
+  runs_only.prefill = detail::Toggle::off;
   p.max_q_len = 8;  // 32 columns: two tiles of 16
-  const DecodePlan q8 = plan_decode(p, gpu_like(1000), runs_only);
-  EXPECT_EQ(q8.head_dim_parts, 2);
-  EXPECT_EQ(q8.head_tiles, 2);
-  EXPECT_TRUE(plan_decode(p, gpu_like(1000)).prefill);  // the planner's: the prefill kernel
+  const AttnPlan q8 = test::plan_with(p, gpu_like(1000), runs_only);
+  EXPECT_EQ(q8.launch.head_dim_parts, 2);
+  EXPECT_EQ(q8.launch.head_tiles, 2);
+  EXPECT_TRUE(test::is_prefill(plan_attention(p, gpu_like(1000))));  // the planner's: the prefill kernel
   p.max_q_len = 2;  // 8 columns: whole rows
-  EXPECT_EQ(plan_decode(p, gpu_like(1000)).head_dim_parts, 1);
-  DecodeProblem one = problem(1, 8, 4, 4096, 0, KvFormat::nvfp4, 256);
+  EXPECT_EQ(plan_attention(p, gpu_like(1000)).launch.head_dim_parts, 1);
+  AttnProblem one = problem(1, 8, 4, 4096, 0, KvFormat::nvfp4, 256);
   one.max_q_len = 4;  // short splits: one tile, whole rows
-  EXPECT_EQ(plan_decode(one, gpu_like(1000)).col_tiles, 1);
-  EXPECT_EQ(plan_decode(one, gpu_like(1000)).head_dim_parts, 1);
+  EXPECT_EQ(plan_attention(one, gpu_like(1000)).launch.col_tiles, 1);
+  EXPECT_EQ(plan_attention(one, gpu_like(1000)).launch.head_dim_parts, 1);
   for (auto [f, d] : {std::pair{KvFormat::nvfp4, 128}, std::pair{KvFormat::fp8_e4m3, 256}}) {
-    DecodeProblem other = problem(16, 8, 4, 8192, 0, f, d);
+    AttnProblem other = problem(16, 8, 4, 8192, 0, f, d);
     other.max_q_len = 4;
-    EXPECT_EQ(plan_decode(other, gpu_like(1000)).head_dim_parts, 1) << to_string(f) << " d" << d;
-    DecodePlanOptions o;
+    EXPECT_EQ(plan_attention(other, gpu_like(1000)).launch.head_dim_parts, 1) << to_string(f) << " d" << d;
+    test::PlanChoices o;
     o.head_dim_parts = 2;
-    EXPECT_THROW(plan_decode(other, gpu_like(1000), o), Unsupported) << to_string(f) << " d" << d;
+    EXPECT_THROW(test::plan_with(other, gpu_like(1000), o), Unsupported) << to_string(f) << " d" << d;
   }
-  DecodePlanOptions o;
+  test::PlanChoices o;
   o.head_dim_parts = 2;
-  EXPECT_THROW(plan_decode(problem(4, 8, 4, 4096, 0, KvFormat::nvfp4, 256), gpu_like(1000), o), Unsupported);  // decode
+  EXPECT_THROW(test::plan_with(problem(4, 8, 4, 4096, 0, KvFormat::nvfp4, 256), gpu_like(1000), o), Unsupported);  // decode
   p.max_q_len = 4;
   o.col_tiles = 1;
-  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), Unsupported);
+  EXPECT_THROW(test::plan_with(p, gpu_like(1000), o), Unsupported);
   o.col_tiles = 2;
-  EXPECT_EQ(plan_decode(p, gpu_like(1000), o).head_dim_parts, 2);
+  EXPECT_EQ(test::plan_with(p, gpu_like(1000), o).launch.head_dim_parts, 2);
   o.head_dim_parts = 1;
-  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), Unsupported);  // two tiles of whole rows at 256
+  EXPECT_THROW(test::plan_with(p, gpu_like(1000), o), Unsupported);  // two tiles of whole rows at 256
   o.head_dim_parts = 3;
-  EXPECT_THROW(plan_decode(p, gpu_like(1000), o), InvalidArgument);
-  DecodePlanOptions whole;
+  EXPECT_THROW(test::plan_with(p, gpu_like(1000), o), InvalidArgument);
+  test::PlanChoices whole;
   whole.head_dim_parts = 1;
-  const DecodePlan w = plan_decode(p, gpu_like(1000), whole);
-  EXPECT_EQ(w.head_dim_parts, 1);
-  EXPECT_EQ(w.col_tiles, 1);
-  EXPECT_EQ(w.head_tiles, 2);
-  whole.prefill = DecodePrefill::on;
-  EXPECT_THROW(plan_decode(p, gpu_like(1000), whole), Unsupported);
+  const AttnPlan w = test::plan_with(p, gpu_like(1000), whole);
+  EXPECT_EQ(w.launch.head_dim_parts, 1);
+  EXPECT_EQ(w.launch.col_tiles, 1);
+  EXPECT_EQ(w.launch.head_tiles, 2);
+  whole.prefill = detail::Toggle::on;
+  EXPECT_THROW(test::plan_with(p, gpu_like(1000), whole), Unsupported);
 }
 
 // Long runs take the prefill kernel where its grid (a CTA per 128 packed rows
@@ -297,172 +298,172 @@ TEST(Planner, Nvfp4RunsSplitHeadDim256OverTeamsOfTwoWarps) {
 // positions merged through the workspace; short runs, and few CTAs over a
 // short context, the runs kernel.
 TEST(Planner, LongRunsTakeThePrefillKernel) {
-  DecodeProblem p = problem(1, 8, 4, 8192);
+  AttnProblem p = problem(1, 8, 4, 8192);
   p.max_q_len = 8192;  // a prompt: 256 tiles of 128 rows per kv head
-  const DecodePlan pre = plan_decode(p, gpu_like(1000));
-  EXPECT_TRUE(pre.prefill);
-  EXPECT_TRUE(pre.kernel().prefill);
-  EXPECT_EQ(pre.head_tiles, 256);
-  EXPECT_TRUE(pre.tile_pairs);  // CTA pairs wherever a run has two row tiles
-  EXPECT_EQ(pre.tile_band, 0);  // 8 kv heads' K and V over 8192 positions: 32 MiB, within L2
+  const AttnPlan pre = plan_attention(p, gpu_like(1000));
+  EXPECT_TRUE(test::is_prefill(pre));
+  EXPECT_TRUE(pre.kernel_id().prefill);
+  EXPECT_EQ(pre.launch.head_tiles, 256);
+  EXPECT_TRUE(pre.launch.tile_pairs);  // CTA pairs wherever a run has two row tiles
+  EXPECT_EQ(pre.launch.tile_band, 0);  // 8 kv heads' K and V over 8192 positions: 32 MiB, within L2
   EXPECT_EQ(pre.num_splits, 1);
-  EXPECT_EQ(pre.merge, DecodeMerge::single_pass);
+  EXPECT_EQ(pre.merge, SplitMerge::single_pass);
   EXPECT_EQ(pre.workspace_bytes, 0u);
   p.max_q_len = 16;  // verification over 8192: 8 CTAs x 8 splits fill less than half the SMs
-  EXPECT_FALSE(plan_decode(p, gpu_like(1000)).prefill);
+  EXPECT_FALSE(test::is_prefill(plan_attention(p, gpu_like(1000))));
   // The launch order's bands, where the K and V exceed L2: a wave per unit
   // (132 CTAs over the sequences), but at least 4 bands, and at least a tile.
-  DecodeProblem longer = problem(1, 8, 4, 16384);  // 64 MiB
+  AttnProblem longer = problem(1, 8, 4, 16384);  // 64 MiB
   longer.max_q_len = 16384;                          // 512 tiles: a quarter, 128
-  EXPECT_EQ(plan_decode(longer, gpu_like(1000)).tile_band, 128);
+  EXPECT_EQ(plan_attention(longer, gpu_like(1000)).launch.tile_band, 128);
   longer.max_q_len = 1024;
-  EXPECT_EQ(plan_decode(longer, gpu_like(1000)).tile_band, 8);
-  DecodeTarget no_l2 = gpu_like(1000);
+  EXPECT_EQ(plan_attention(longer, gpu_like(1000)).launch.tile_band, 8);
+  AttnTarget no_l2 = gpu_like(1000);
   no_l2.l2_bytes = 0;  // unknown: tile major
-  EXPECT_EQ(plan_decode(longer, no_l2).tile_band, 0);
-  DecodeProblem ragged = problem(8, 8, 4, 4096);  // at most 128 MiB
+  EXPECT_EQ(plan_attention(longer, no_l2).launch.tile_band, 0);
+  AttnProblem ragged = problem(8, 8, 4, 4096);  // at most 128 MiB
   ragged.max_q_len = 4096;
   ragged.num_q_rows = 8 * 2048;
-  EXPECT_EQ(plan_decode(ragged, gpu_like(1000)).tile_band, (kH200Sms + 7) / 8 + 1);  // 17, whole pairs: 18
+  EXPECT_EQ(plan_attention(ragged, gpu_like(1000)).launch.tile_band, (kH200Sms + 7) / 8 + 1);  // 17, whole pairs: 18
   ragged.max_q_len = 64;  // 2 tiles: bands of one, of a pair with pairs
-  EXPECT_EQ(plan_decode(ragged, gpu_like(1000)).tile_band, 2);
-  DecodePlanOptions alone;
-  alone.prefill = DecodePrefill::on;
+  EXPECT_EQ(plan_attention(ragged, gpu_like(1000)).launch.tile_band, 2);
+  test::PlanChoices alone;
+  alone.prefill = detail::Toggle::on;
   alone.tile_pairs = 0;
-  EXPECT_EQ(plan_decode(ragged, gpu_like(1000), alone).tile_band, 1);
-  EXPECT_FALSE(plan_decode(ragged, gpu_like(1000), alone).tile_pairs);
+  EXPECT_EQ(test::plan_with(ragged, gpu_like(1000), alone).launch.tile_band, 1);
+  EXPECT_FALSE(test::plan_with(ragged, gpu_like(1000), alone).launch.tile_pairs);
   ragged.max_q_len = 32;  // a tile per run: no CTAs share pages, the 3-D grid
   ragged.num_q_rows = 8 * 32;
-  DecodePlanOptions on;
-  on.prefill = DecodePrefill::on;
-  EXPECT_EQ(plan_decode(ragged, gpu_like(1000), on).tile_band, 0);
+  test::PlanChoices on;
+  on.prefill = detail::Toggle::on;
+  EXPECT_EQ(test::plan_with(ragged, gpu_like(1000), on).launch.tile_band, 0);
   on.tile_band = 3;  // forced: at most the plan's tiles (one here)
-  EXPECT_EQ(plan_decode(ragged, gpu_like(1000), on).tile_band, 1);
+  EXPECT_EQ(test::plan_with(ragged, gpu_like(1000), on).launch.tile_band, 1);
   on.tile_band = 0;
-  EXPECT_EQ(plan_decode(longer, gpu_like(1000), on).tile_band, 0);
+  EXPECT_EQ(test::plan_with(longer, gpu_like(1000), on).launch.tile_band, 0);
   on.tile_band = -2;
-  EXPECT_THROW(plan_decode(longer, gpu_like(1000), on), InvalidArgument);
+  EXPECT_THROW(test::plan_with(longer, gpu_like(1000), on), InvalidArgument);
   on = {};
   on.tile_band = 2;  // only for the prefill kernel
-  EXPECT_THROW(plan_decode(longer, gpu_like(1000), on), Unsupported);
+  EXPECT_THROW(test::plan_with(longer, gpu_like(1000), on), Unsupported);
   on = {};
   on.tile_pairs = 1;  // likewise
-  EXPECT_THROW(plan_decode(longer, gpu_like(1000), on), Unsupported);
-  on.prefill = DecodePrefill::on;
+  EXPECT_THROW(test::plan_with(longer, gpu_like(1000), on), Unsupported);
+  on.prefill = detail::Toggle::on;
   on.tile_pairs = 2;
-  EXPECT_THROW(plan_decode(longer, gpu_like(1000), on), InvalidArgument);
+  EXPECT_THROW(test::plan_with(longer, gpu_like(1000), on), InvalidArgument);
   // CTA pairs: an odd tile count gets an empty last tile; one tile has no
   // pair; the dequantising formats at head_dim 256 run alone.
   on.tile_pairs = 1;
-  DecodeProblem three = problem(4, 8, 4, 4096);
+  AttnProblem three = problem(4, 8, 4, 4096);
   three.max_q_len = 96;  // 384 rows: 3 tiles
-  const DecodePlan paired = plan_decode(three, gpu_like(1000), on);
-  EXPECT_TRUE(paired.tile_pairs);
-  EXPECT_EQ(paired.head_tiles, 4);
-  EXPECT_EQ(paired.ctas_per_seq, 8 * 4);
+  const AttnPlan paired = test::plan_with(three, gpu_like(1000), on);
+  EXPECT_TRUE(paired.launch.tile_pairs);
+  EXPECT_EQ(paired.launch.head_tiles, 4);
+  EXPECT_EQ(paired.launch.ctas_per_seq, 8 * 4);
   three.max_q_len = 32;
-  EXPECT_FALSE(plan_decode(three, gpu_like(1000), on).tile_pairs);
+  EXPECT_FALSE(test::plan_with(three, gpu_like(1000), on).launch.tile_pairs);
   for (const KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4})
     for (const int32_t d : {64, 128, 256}) {
-      DecodeProblem q = problem(4, 8, 4, 4096, 0, f, d);
+      AttnProblem q = problem(4, 8, 4, 4096, 0, f, d);
       q.max_q_len = 96;
-      EXPECT_EQ(plan_decode(q, gpu_like(1000), on).tile_pairs, f == KvFormat::bf16 || d < 256) << int(f) << " d" << d;
+      EXPECT_EQ(test::plan_with(q, gpu_like(1000), on).launch.tile_pairs, f == KvFormat::bf16 || d < 256) << int(f) << " d" << d;
       // The planner's: head_dim 128 and 256 (where they can), from 2048
       // attended positions.
-      EXPECT_EQ(plan_decode(q, gpu_like(1000)).tile_pairs, d >= 128 && (f == KvFormat::bf16 || d < 256))
+      EXPECT_EQ(plan_attention(q, gpu_like(1000)).launch.tile_pairs, d >= 128 && (f == KvFormat::bf16 || d < 256))
           << int(f) << " d" << d;
       q.max_seq_len = q.max_q_len = 2048;
-      EXPECT_EQ(plan_decode(q, gpu_like(1000)).tile_pairs, d >= 128 && (f == KvFormat::bf16 || d < 256))
+      EXPECT_EQ(plan_attention(q, gpu_like(1000)).launch.tile_pairs, d >= 128 && (f == KvFormat::bf16 || d < 256))
           << int(f) << " d" << d;
       q.max_seq_len = q.max_q_len = 1024;
-      EXPECT_FALSE(plan_decode(q, gpu_like(1000)).tile_pairs) << int(f) << " d" << d;
+      EXPECT_FALSE(plan_attention(q, gpu_like(1000)).launch.tile_pairs) << int(f) << " d" << d;
     }
   p.max_q_len = 8192;
   // Verification over a long context: every format from 8 tokens at GQA 4
   // (32 rows), 8 CTAs split 16 ways.
   for (const KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
-    DecodeProblem verify = problem(1, 8, 4, 32768, 0, f);
+    AttnProblem verify = problem(1, 8, 4, 32768, 0, f);
     for (const int32_t q : {2, 4, 8, 16}) {
       verify.max_q_len = q;
       verify.num_q_rows = q;
-      const DecodePlan vp = plan_decode(verify, gpu_like(1000));
-      EXPECT_EQ(vp.prefill, q >= 8) << to_string(f) << " q_len " << q;
-      if (vp.prefill) EXPECT_EQ(vp.num_splits, 16);
+      const AttnPlan vp = plan_attention(verify, gpu_like(1000));
+      EXPECT_EQ(test::is_prefill(vp), q >= 8) << to_string(f) << " q_len " << q;
+      if (test::is_prefill(vp)) EXPECT_EQ(vp.num_splits, 16);
     }
   }
   // Over fewer than kPrefillShortRunsMinAttended positions (not measured),
   // short runs keep the runs kernel; a tile of 128 rows takes the prefill kernel.
-  DecodeProblem short_verify = problem(64, 8, 4, 2048);
+  AttnProblem short_verify = problem(64, 8, 4, 2048);
   short_verify.max_q_len = 16;
   short_verify.num_q_rows = 64 * 16;
-  EXPECT_FALSE(plan_decode(short_verify, gpu_like(1000)).prefill);
+  EXPECT_FALSE(test::is_prefill(plan_attention(short_verify, gpu_like(1000))));
   short_verify.max_seq_len = 4096;
-  EXPECT_TRUE(plan_decode(short_verify, gpu_like(1000)).prefill);
+  EXPECT_TRUE(test::is_prefill(plan_attention(short_verify, gpu_like(1000))));
   short_verify.max_seq_len = 2048;
   short_verify.max_q_len = 32;
   short_verify.num_q_rows = 64 * 32;
-  EXPECT_TRUE(plan_decode(short_verify, gpu_like(1000)).prefill);
-  DecodeProblem chunk = problem(1, 8, 4, 32768);
+  EXPECT_TRUE(test::is_prefill(plan_attention(short_verify, gpu_like(1000))));
+  AttnProblem chunk = problem(1, 8, 4, 32768);
   chunk.max_q_len = 64;  // 2 tiles x 8 kv heads: 16 CTAs over 32768 positions, split 8 ways
   chunk.num_q_rows = 64;
-  const DecodePlan split = plan_decode(chunk, gpu_like(1000));
-  EXPECT_TRUE(split.prefill);
+  const AttnPlan split = plan_attention(chunk, gpu_like(1000));
+  EXPECT_TRUE(test::is_prefill(split));
   EXPECT_EQ(split.num_splits, kH200Sms / 16);
-  EXPECT_EQ(split.merge, DecodeMerge::workspace);
+  EXPECT_EQ(split.merge, SplitMerge::workspace);
   EXPECT_EQ(split.workspace_bytes, splitk_workspace_bytes(64, 32, 128, split.num_splits));
-  DecodeProblem short_ctx = chunk;
+  AttnProblem short_ctx = chunk;
   short_ctx.max_seq_len = 1536;  // one split of >= 1024 positions: 16 CTAs, the runs kernel
-  EXPECT_FALSE(plan_decode(short_ctx, gpu_like(1000)).prefill);
+  EXPECT_FALSE(test::is_prefill(plan_attention(short_ctx, gpu_like(1000))));
   chunk.max_q_len = 2048;
-  EXPECT_EQ(plan_decode(chunk, gpu_like(1000)).num_splits, 1);
-  EXPECT_TRUE(plan_decode(chunk, gpu_like(1000)).prefill);
+  EXPECT_EQ(plan_attention(chunk, gpu_like(1000)).num_splits, 1);
+  EXPECT_TRUE(test::is_prefill(plan_attention(chunk, gpu_like(1000))));
   // Forced: on needs query runs; it takes forced split counts (through the
   // workspace), not the cluster merge; off keeps the runs kernel.
-  DecodePlanOptions o;
-  o.prefill = DecodePrefill::on;
+  test::PlanChoices o;
+  o.prefill = detail::Toggle::on;
   chunk.max_q_len = 64;
-  EXPECT_TRUE(plan_decode(chunk, gpu_like(1000), o).prefill);
-  EXPECT_THROW(plan_decode(problem(4, 8, 4, 4096), gpu_like(1000), o), Unsupported);  // decode
+  EXPECT_TRUE(test::is_prefill(test::plan_with(chunk, gpu_like(1000), o)));
+  EXPECT_THROW(test::plan_with(problem(4, 8, 4, 4096), gpu_like(1000), o), Unsupported);  // decode
   o.num_splits = 4;
-  const DecodePlan forced = plan_decode(chunk, gpu_like(1000), o);
-  EXPECT_TRUE(forced.prefill);
+  const AttnPlan forced = test::plan_with(chunk, gpu_like(1000), o);
+  EXPECT_TRUE(test::is_prefill(forced));
   EXPECT_EQ(forced.num_splits, 4);
-  EXPECT_EQ(forced.merge, DecodeMerge::workspace);
-  o.merge = DecodeMerge::single_pass;
-  EXPECT_THROW(plan_decode(chunk, gpu_like(1000), o), InvalidArgument);
-  o.merge = DecodeMerge::cluster;
-  EXPECT_THROW(plan_decode(chunk, gpu_like(1000), o), Unsupported);
+  EXPECT_EQ(forced.merge, SplitMerge::workspace);
+  o.merge = SplitMerge::single_pass;
+  EXPECT_THROW(test::plan_with(chunk, gpu_like(1000), o), InvalidArgument);
+  o.merge = SplitMerge::cluster;
+  EXPECT_THROW(test::plan_with(chunk, gpu_like(1000), o), Unsupported);
   o = {};
-  o.prefill = DecodePrefill::on;
-  o.merge = DecodeMerge::workspace;  // one split's records and the reduce
-  EXPECT_EQ(plan_decode(short_ctx, gpu_like(1000), o).merge, DecodeMerge::workspace);
+  o.prefill = detail::Toggle::on;
+  o.merge = SplitMerge::workspace;  // one split's records and the reduce
+  EXPECT_EQ(test::plan_with(short_ctx, gpu_like(1000), o).merge, SplitMerge::workspace);
   o = {};
   o.num_splits = 1;  // no splits: the runs kernel's single pass
-  o.merge = DecodeMerge::single_pass;
-  EXPECT_FALSE(plan_decode(chunk, gpu_like(1000), o).prefill);
+  o.merge = SplitMerge::single_pass;
+  EXPECT_FALSE(test::is_prefill(test::plan_with(chunk, gpu_like(1000), o)));
   chunk.max_q_len = 2048;  // but a grid that fills the GPU takes the prefill kernel in one pass
-  EXPECT_TRUE(plan_decode(chunk, gpu_like(1000), o).prefill);
+  EXPECT_TRUE(test::is_prefill(test::plan_with(chunk, gpu_like(1000), o)));
   chunk.max_q_len = 64;
   o = {};
-  o.prefill = DecodePrefill::off;
+  o.prefill = detail::Toggle::off;
   p.max_q_len = 8192;
-  EXPECT_FALSE(plan_decode(p, gpu_like(1000), o).prefill);
+  EXPECT_FALSE(test::is_prefill(test::plan_with(p, gpu_like(1000), o)));
   o = {};
   o.num_splits = 3;  // a forced split count (but 1) keeps the runs kernel
-  EXPECT_FALSE(plan_decode(p, gpu_like(1000), o).prefill);
+  EXPECT_FALSE(test::is_prefill(test::plan_with(p, gpu_like(1000), o)));
   // Beyond the grid's y (sequences): the runs kernel, or Unsupported when forced.
-  DecodeProblem many = problem(70000, 8, 4, 4096);
+  AttnProblem many = problem(70000, 8, 4, 4096);
   many.max_q_len = 512;
-  EXPECT_FALSE(plan_decode(many, gpu_like(1000)).prefill);
+  EXPECT_FALSE(test::is_prefill(plan_attention(many, gpu_like(1000))));
   o = {};
-  o.prefill = DecodePrefill::on;
-  EXPECT_THROW(plan_decode(many, gpu_like(1000), o), Unsupported);
-  EXPECT_EQ(decode_prefill_from_string("on"), DecodePrefill::on);
-  EXPECT_THROW(decode_prefill_from_string("yes"), InvalidArgument);
+  o.prefill = detail::Toggle::on;
+  EXPECT_THROW(test::plan_with(many, gpu_like(1000), o), Unsupported);
+  EXPECT_EQ(detail::toggle_from_string("on", "prefill"), detail::Toggle::on);
+  EXPECT_THROW(detail::toggle_from_string("yes", "prefill"), InvalidArgument);
 }
 
 TEST(Planner, MoreSmsNeverMeanFewerSplits) {
-  const DecodeProblem p = problem(2, 4, 8, 65536);
+  const AttnProblem p = problem(2, 4, 8, 65536);
   int32_t prev = 1;
   for (int32_t sms = 1; sms <= 512; sms *= 2) {
     const int32_t n = plan_for(p, sms).num_splits;

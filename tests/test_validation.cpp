@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/forced_plans.hpp"
 #include "metrale/cpu.hpp"
 #include "metrale/error.hpp"
 #include "metrale/plan.hpp"
@@ -78,7 +79,7 @@ struct DecodeFixture {
     out = poisoned_bf16(p.out_elems());
     ws.assign(splitk_workspace_bytes(p.num_seqs(), p.num_q_heads(), 64, kSplits) / 4 + 16, 0.0f);
   }
-  DecodeArgs args() { return p.args(out.data()); }
+  AttnArgs args() { return p.args(out.data()); }
   SplitKWorkspace workspace() { return SplitKWorkspace{ws.data(), ws.size() * sizeof(float), kSplits}; }
   ReduceArgs reduce_args() {
     ReduceArgs r;
@@ -97,18 +98,18 @@ struct DecodeFixture {
 // Checks `mutate` breaks the decode entry points (single pass, split-K pass
 // unless `split_pass_unaffected`, run_decode) with the expected error, and
 // that no output was written.
-void expect_decode_invalid(KvFormat f, const std::function<void(DecodeArgs&)>& mutate, const std::string& name,
+void expect_decode_invalid(KvFormat f, const std::function<void(AttnArgs&)>& mutate, const std::string& name,
                            const std::string& what, bool unsupported = false, bool split_pass_unaffected = false) {
   DecodeFixture fx(f);
-  DecodeArgs a = fx.args();
+  AttnArgs a = fx.args();
   mutate(a);
   const SplitKWorkspace ws = fx.workspace();
-  auto single = [&] { cpu::paged_decode_attn(a); };
-  auto split = [&] { cpu::paged_decode_attn_splitk(a, ws); };
-  DecodePlanOptions two;
+  auto single = [&] { test::cpu_single_pass(a); };
+  auto split = [&] { test::cpu_split_states(a, ws); };
+  test::PlanChoices two;
   two.num_splits = 2;
-  const DecodePlan plan = plan_decode(decode_problem(fx.args()), cpu::decode_target(), two);
-  auto run = [&] { cpu::run_decode(plan, a, ws); };
+  const AttnPlan plan = test::plan_with(attention_problem(fx.args()), cpu::attention_target(), two);
+  auto run = [&] { cpu::run_attention(plan, a, ws); };
   std::vector<std::function<void()>> calls{single, run};
   if (!split_pass_unaffected) calls.push_back(split);
   for (const auto& call : calls) {
@@ -119,71 +120,71 @@ void expect_decode_invalid(KvFormat f, const std::function<void(DecodeArgs&)>& m
 }
 
 TEST(Validation, DecodePointers) {
-  expect_decode_invalid(KvFormat::bf16, [](DecodeArgs& a) { a.q = nullptr; }, "q", "null q");
-  expect_decode_invalid(KvFormat::bf16, [](DecodeArgs& a) { a.q = misalign(a.q); }, "q", "misaligned q");
+  expect_decode_invalid(KvFormat::bf16, [](AttnArgs& a) { a.q = nullptr; }, "q", "null q");
+  expect_decode_invalid(KvFormat::bf16, [](AttnArgs& a) { a.q = misalign(a.q); }, "q", "misaligned q");
   // The split-K pass writes only the workspace, so it does not need `out`.
-  expect_decode_invalid(KvFormat::bf16, [](DecodeArgs& a) { a.out = nullptr; }, "out", "null out", false, true);
-  expect_decode_invalid(KvFormat::bf16, [](DecodeArgs& a) { a.out = misalign(a.out); }, "out", "misaligned out",
+  expect_decode_invalid(KvFormat::bf16, [](AttnArgs& a) { a.out = nullptr; }, "out", "null out", false, true);
+  expect_decode_invalid(KvFormat::bf16, [](AttnArgs& a) { a.out = misalign(a.out); }, "out", "misaligned out",
                         false, true);
   {
     DecodeFixture fx(KvFormat::bf16);
-    DecodeArgs a = fx.args();
+    AttnArgs a = fx.args();
     a.out = nullptr;
-    EXPECT_NO_THROW(cpu::paged_decode_attn_splitk(a, fx.workspace()));
+    EXPECT_NO_THROW(test::cpu_split_states(a, fx.workspace()));
   }
-  expect_decode_invalid(KvFormat::fp8_e4m3, [](DecodeArgs& a) { a.cache.k = nullptr; }, "cache.k", "null cache.k");
-  expect_decode_invalid(KvFormat::fp8_e4m3, [](DecodeArgs& a) { a.cache.k = misalign(a.cache.k); }, "cache.k",
+  expect_decode_invalid(KvFormat::fp8_e4m3, [](AttnArgs& a) { a.cache.k = nullptr; }, "cache.k", "null cache.k");
+  expect_decode_invalid(KvFormat::fp8_e4m3, [](AttnArgs& a) { a.cache.k = misalign(a.cache.k); }, "cache.k",
                         "misaligned cache.k");
-  expect_decode_invalid(KvFormat::nvfp4, [](DecodeArgs& a) { a.cache.v = nullptr; }, "cache.v", "null cache.v");
-  expect_decode_invalid(KvFormat::nvfp4, [](DecodeArgs& a) { a.cache.v = misalign(a.cache.v); }, "cache.v",
+  expect_decode_invalid(KvFormat::nvfp4, [](AttnArgs& a) { a.cache.v = nullptr; }, "cache.v", "null cache.v");
+  expect_decode_invalid(KvFormat::nvfp4, [](AttnArgs& a) { a.cache.v = misalign(a.cache.v); }, "cache.v",
                         "misaligned cache.v");
-  expect_decode_invalid(KvFormat::bf16, [](DecodeArgs& a) { a.block_tables = nullptr; }, "block_tables",
+  expect_decode_invalid(KvFormat::bf16, [](AttnArgs& a) { a.block_tables = nullptr; }, "block_tables",
                         "null block_tables");
-  expect_decode_invalid(KvFormat::bf16, [](DecodeArgs& a) { a.seq_lens = nullptr; }, "seq_lens", "null seq_lens");
+  expect_decode_invalid(KvFormat::bf16, [](AttnArgs& a) { a.seq_lens = nullptr; }, "seq_lens", "null seq_lens");
 }
 
 TEST(Validation, DecodeUnsupportedShapes) {
   for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
     for (int32_t d : {0, 32, 96, 512})
-      expect_decode_invalid(f, [d](DecodeArgs& a) { a.cache.layout.head_dim = d; }, "head_dim",
+      expect_decode_invalid(f, [d](AttnArgs& a) { a.cache.layout.head_dim = d; }, "head_dim",
                             "head_dim " + std::to_string(d), true);
     for (int32_t b : {0, 8, 24, 256})
-      expect_decode_invalid(f, [b](DecodeArgs& a) { a.cache.layout.block_size = b; }, "block_size",
+      expect_decode_invalid(f, [b](AttnArgs& a) { a.cache.layout.block_size = b; }, "block_size",
                             "block_size " + std::to_string(b), true);
   }
 }
 
 TEST(Validation, DecodeShapesAndStrides) {
   const KvFormat f = KvFormat::bf16;
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.num_q_heads = a.cache.layout.num_kv_heads * 4 + 1; }, "num_q_heads",
+  expect_decode_invalid(f, [](AttnArgs& a) { a.num_q_heads = a.cache.layout.num_kv_heads * 4 + 1; }, "num_q_heads",
                         "num_q_heads not a multiple of num_kv_heads");
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.num_q_heads = 0; }, "num_q_heads", "num_q_heads 0");
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.num_seqs = -1; }, "num_seqs", "negative num_seqs");
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.q_stride = int64_t(a.num_q_heads) * 64 - 8; }, "q_stride",
+  expect_decode_invalid(f, [](AttnArgs& a) { a.num_q_heads = 0; }, "num_q_heads", "num_q_heads 0");
+  expect_decode_invalid(f, [](AttnArgs& a) { a.num_seqs = -1; }, "num_seqs", "negative num_seqs");
+  expect_decode_invalid(f, [](AttnArgs& a) { a.q_stride = int64_t(a.num_q_heads) * 64 - 8; }, "q_stride",
                         "q_stride too small");
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.q_stride += 4; }, "q_stride", "q_stride not a multiple of 8");
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.sliding_window = -1; }, "sliding_window", "negative window");
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.sm_scale = kNaN; }, "sm_scale", "NaN sm_scale");
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.max_blocks_per_seq = 0; }, "max_blocks_per_seq",
+  expect_decode_invalid(f, [](AttnArgs& a) { a.q_stride += 4; }, "q_stride", "q_stride not a multiple of 8");
+  expect_decode_invalid(f, [](AttnArgs& a) { a.sliding_window = -1; }, "sliding_window", "negative window");
+  expect_decode_invalid(f, [](AttnArgs& a) { a.sm_scale = kNaN; }, "sm_scale", "NaN sm_scale");
+  expect_decode_invalid(f, [](AttnArgs& a) { a.max_blocks_per_seq = 0; }, "max_blocks_per_seq",
                         "max_blocks_per_seq 0");
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.cache.layout.num_kv_heads = 0; }, "num_kv_heads", "0 kv heads");
-  expect_decode_invalid(f, [](DecodeArgs& a) { a.cache.layout.num_blocks = 0; }, "num_blocks", "0 blocks");
+  expect_decode_invalid(f, [](AttnArgs& a) { a.cache.layout.num_kv_heads = 0; }, "num_kv_heads", "0 kv heads");
+  expect_decode_invalid(f, [](AttnArgs& a) { a.cache.layout.num_blocks = 0; }, "num_blocks", "0 blocks");
 }
 
 TEST(Validation, CacheSectionsAndPageStrides) {
   for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
-    expect_decode_invalid(f, [](DecodeArgs& a) { a.cache.layout.page_stride_bytes = a.cache.layout.data_section_bytes - 16; },
+    expect_decode_invalid(f, [](AttnArgs& a) { a.cache.layout.page_stride_bytes = a.cache.layout.data_section_bytes - 16; },
                           "page_stride_bytes", "page stride smaller than the payload");
-    expect_decode_invalid(f, [](DecodeArgs& a) { a.cache.layout.page_stride_bytes += 8; }, "page_stride_bytes",
+    expect_decode_invalid(f, [](AttnArgs& a) { a.cache.layout.page_stride_bytes += 8; }, "page_stride_bytes",
                           "page stride not a multiple of 16");
-    expect_decode_invalid(f, [](DecodeArgs& a) { a.cache.layout.data_section_bytes -= 16; }, "data_section_bytes",
+    expect_decode_invalid(f, [](AttnArgs& a) { a.cache.layout.data_section_bytes -= 16; }, "data_section_bytes",
                           "data section too small");
   }
-  expect_decode_invalid(KvFormat::nvfp4, [](DecodeArgs& a) { a.cache.layout.data_section_bytes += 8; },
+  expect_decode_invalid(KvFormat::nvfp4, [](AttnArgs& a) { a.cache.layout.data_section_bytes += 8; },
                         "data_section_bytes", "nvfp4 data section not a multiple of 16");
-  expect_decode_invalid(KvFormat::nvfp4, [](DecodeArgs& a) { a.cache.layout.data_section_bytes += 16; },
+  expect_decode_invalid(KvFormat::nvfp4, [](AttnArgs& a) { a.cache.layout.data_section_bytes += 16; },
                         "page_stride_bytes", "nvfp4 scale section past the page");
-  expect_decode_invalid(KvFormat::fp8_e4m3, [](DecodeArgs& a) { a.cache.layout.data_section_bytes += 16; },
+  expect_decode_invalid(KvFormat::fp8_e4m3, [](AttnArgs& a) { a.cache.layout.data_section_bytes += 16; },
                         "data_section_bytes", "fp8 data section must equal the payload");
   // The layout factories validate too.
   expect_unsupported([] { KvCacheLayout::bf16(10, 16, 2, 96); }, "head_dim", "factory head_dim 96");
@@ -201,22 +202,22 @@ TEST(Validation, CacheSectionsAndPageStrides) {
 TEST(Validation, Scales) {
   for (float bad : {0.0f, -1.0f, kInf, -kInf, kNaN}) {
     const std::string v = std::to_string(bad);
-    expect_decode_invalid(KvFormat::fp8_e4m3, [bad](DecodeArgs& a) { a.cache.scales.k_scale = bad; }, "k_scale",
+    expect_decode_invalid(KvFormat::fp8_e4m3, [bad](AttnArgs& a) { a.cache.scales.k_scale = bad; }, "k_scale",
                           "fp8 k_scale " + v);
-    expect_decode_invalid(KvFormat::fp8_e4m3, [bad](DecodeArgs& a) { a.cache.scales.v_scale = bad; }, "v_scale",
+    expect_decode_invalid(KvFormat::fp8_e4m3, [bad](AttnArgs& a) { a.cache.scales.v_scale = bad; }, "v_scale",
                           "fp8 v_scale " + v);
-    expect_decode_invalid(KvFormat::nvfp4, [bad](DecodeArgs& a) { a.cache.scales.k_global_scale = bad; },
+    expect_decode_invalid(KvFormat::nvfp4, [bad](AttnArgs& a) { a.cache.scales.k_global_scale = bad; },
                           "k_global_scale", "nvfp4 k_global_scale " + v);
-    expect_decode_invalid(KvFormat::nvfp4, [bad](DecodeArgs& a) { a.cache.scales.v_global_scale = bad; },
+    expect_decode_invalid(KvFormat::nvfp4, [bad](AttnArgs& a) { a.cache.scales.v_global_scale = bad; },
                           "v_global_scale", "nvfp4 v_global_scale " + v);
   }
 }
 
 TEST(Validation, SplitKWorkspace) {
   DecodeFixture fx(KvFormat::bf16);
-  const DecodeArgs a = fx.args();
+  const AttnArgs a = fx.args();
   SplitKWorkspace ws = fx.workspace();
-  auto splitk = [&](SplitKWorkspace w) { return [&a, w] { cpu::paged_decode_attn_splitk(a, w); }; };
+  auto splitk = [&](SplitKWorkspace w) { return [&a, w] { test::cpu_split_states(a, w); }; };
   ws.data = nullptr;
   expect_invalid(splitk(ws), "workspace", "null workspace");
   ws = fx.workspace();
@@ -231,42 +232,42 @@ TEST(Validation, SplitKWorkspace) {
     expect_invalid(splitk(ws), "num_splits", "num_splits " + std::to_string(n));
   }
   // A plan the workspace cannot hold, and a malformed plan.
-  DecodePlanOptions many;
+  test::PlanChoices many;
   many.num_splits = 200;
-  const DecodePlan big = plan_decode(decode_problem(a), cpu::decode_target(), many);
-  expect_invalid([&] { cpu::run_decode(big, a, fx.workspace()); }, "workspace_bytes",
+  const AttnPlan big = test::plan_with(attention_problem(a), cpu::attention_target(), many);
+  expect_invalid([&] { cpu::run_attention(big, a, fx.workspace()); }, "workspace_bytes",
                  "run_decode: workspace too small for the plan");
-  DecodePlan malformed = plan_decode(decode_problem(a), cpu::decode_target());
+  AttnPlan malformed = plan_attention(attention_problem(a), cpu::attention_target());
   malformed.num_splits = 0;
-  expect_invalid([&] { cpu::run_decode(malformed, a, fx.workspace()); }, "num_splits",
+  expect_invalid([&] { cpu::run_attention(malformed, a, fx.workspace()); }, "num_splits",
                  "run_decode: plan num_splits 0");
   // A plan made for other heads, another layout or fewer sequences.
-  DecodeProblem other = decode_problem(a);
+  AttnProblem other = attention_problem(a);
   other.num_q_heads *= 2;
-  expect_invalid([&] { cpu::run_decode(plan_decode(other, cpu::decode_target()), a, fx.workspace()); },
+  expect_invalid([&] { cpu::run_attention(plan_attention(other, cpu::attention_target()), a, fx.workspace()); },
                  "num_q_heads", "run_decode: plan for other q heads");
-  other = decode_problem(a);
+  other = attention_problem(a);
   other.layout = KvCacheLayout::bf16(a.cache.layout.num_blocks, a.cache.layout.block_size,
                                      a.cache.layout.num_kv_heads, 2 * a.cache.layout.head_dim);
-  expect_invalid([&] { cpu::run_decode(plan_decode(other, cpu::decode_target()), a, fx.workspace()); }, "plan",
+  expect_invalid([&] { cpu::run_attention(plan_attention(other, cpu::attention_target()), a, fx.workspace()); }, "plan",
                  "run_decode: plan for another layout");
-  other = decode_problem(a);
+  other = attention_problem(a);
   other.num_seqs = a.num_seqs - 1;
-  expect_invalid([&] { cpu::run_decode(plan_decode(other, cpu::decode_target()), a, fx.workspace()); },
+  expect_invalid([&] { cpu::run_attention(plan_attention(other, cpu::attention_target()), a, fx.workspace()); },
                  "num_seqs", "run_decode: plan for fewer sequences");
   // The workspace laid out for another split count than the plan's.
   SplitKWorkspace mislaid = fx.workspace();
   mislaid.num_splits = 1;
-  DecodePlanOptions three;
+  test::PlanChoices three;
   three.num_splits = 3;
-  expect_invalid([&] { cpu::run_decode(plan_decode(decode_problem(a), cpu::decode_target(), three), a, mislaid); },
+  expect_invalid([&] { cpu::run_attention(test::plan_with(attention_problem(a), cpu::attention_target(), three), a, mislaid); },
                  "workspace.num_splits", "run_decode: workspace of another split count");
   EXPECT_TRUE(fx.output_untouched());
 }
 
 TEST(Validation, Reduce) {
   DecodeFixture fx(KvFormat::bf16);
-  auto reduce = [](ReduceArgs r) { return [r] { cpu::paged_decode_attn_reduce(r); }; };
+  auto reduce = [](ReduceArgs r) { return [r] { cpu::reduce_states(r); }; };
   ReduceArgs r = fx.reduce_args();
   r.workspace = nullptr;
   expect_invalid(reduce(r), "workspace", "null workspace");
@@ -381,46 +382,46 @@ TEST(Validation, Absmax) {
 }
 
 TEST(Validation, Planner) {
-  DecodeProblem dp;
+  AttnProblem dp;
   dp.num_seqs = 4;
   dp.num_q_heads = 8;
   dp.layout = KvCacheLayout::bf16(100, 16, 2, 128);
   dp.max_seq_len = 1000;
   auto sms = [](int32_t n) {
-    DecodeTarget t;
+    AttnTarget t;
     t.num_sms = n;
     return t;
   };
-  EXPECT_NO_THROW(plan_decode(dp, sms(132)));
-  expect_invalid([&] { plan_decode(dp, sms(0)); }, "num_sms", "0 SMs");
-  DecodeProblem bad = dp;
+  EXPECT_NO_THROW(plan_attention(dp, sms(132)));
+  expect_invalid([&] { plan_attention(dp, sms(0)); }, "num_sms", "0 SMs");
+  AttnProblem bad = dp;
   bad.num_q_heads = 7;
-  expect_invalid([&] { plan_decode(bad, sms(132)); }, "num_q_heads", "num_q_heads not a multiple");
+  expect_invalid([&] { plan_attention(bad, sms(132)); }, "num_q_heads", "num_q_heads not a multiple");
   bad = dp;
   bad.max_seq_len = -1;
-  expect_invalid([&] { plan_decode(bad, sms(132)); }, "max_seq_len", "negative max_seq_len");
+  expect_invalid([&] { plan_attention(bad, sms(132)); }, "max_seq_len", "negative max_seq_len");
   bad = dp;
   bad.sliding_window = -4;
-  expect_invalid([&] { plan_decode(bad, sms(132)); }, "sliding_window", "negative window");
+  expect_invalid([&] { plan_attention(bad, sms(132)); }, "sliding_window", "negative window");
   bad = dp;
   bad.layout.head_dim = 96;
-  expect_unsupported([&] { plan_decode(bad, sms(132)); }, "head_dim", "head_dim 96");
+  expect_unsupported([&] { plan_attention(bad, sms(132)); }, "head_dim", "head_dim 96");
   // Forced choices the problem or the target cannot run.
-  DecodePlanOptions o;
+  test::PlanChoices o;
   o.num_splits = kMaxSplits + 1;
-  expect_invalid([&] { plan_decode(dp, sms(132), o); }, "num_splits", "num_splits past kMaxSplits");
+  expect_invalid([&] { test::plan_with(dp, sms(132), o); }, "num_splits", "num_splits past kMaxSplits");
   o = {};
-  o.pairing = DecodePairing::on;
-  expect_unsupported([&] { plan_decode(dp, sms(132), o); }, "pairing", "pairing at head_dim 128");
+  o.pairing = detail::Toggle::on;
+  expect_unsupported([&] { test::plan_with(dp, sms(132), o); }, "pairing", "pairing at head_dim 128");
   o = {};
-  o.load_path = DecodeLoadPath::tma;
-  expect_unsupported([&] { plan_decode(dp, sms(132), o); }, "load_path", "tma on a target without TMA");
+  o.load_path = detail::LoadPath::tma;
+  expect_unsupported([&] { test::plan_with(dp, sms(132), o); }, "load_path", "tma on a target without TMA");
   o = {};
   o.num_splits = 4;
-  o.merge = DecodeMerge::cluster;
-  expect_unsupported([&] { plan_decode(dp, sms(132), o); }, "merge", "cluster on a target without clusters");
-  o.merge = DecodeMerge::single_pass;
-  expect_invalid([&] { plan_decode(dp, sms(132), o); }, "merge", "single pass with 4 splits");
+  o.merge = SplitMerge::cluster;
+  expect_unsupported([&] { test::plan_with(dp, sms(132), o); }, "merge", "cluster on a target without clusters");
+  o.merge = SplitMerge::single_pass;
+  expect_invalid([&] { test::plan_with(dp, sms(132), o); }, "merge", "single pass with 4 splits");
 }
 
 // ---- the debug block-table validator ----

@@ -29,18 +29,18 @@ BatchDecode decode_batch(Backend& be, const HostBatch& b, KvFormat format, const
 
   be.reshape_and_cache(b.write_args(static_cast<const bf16*>(key.get()), static_cast<const bf16*>(value.get()),
                                     static_cast<const int64_t*>(slots.get()), cache));
-  const DecodeArgs a = b.decode_args(static_cast<const bf16*>(q.get()), cache, static_cast<const int32_t*>(tables.get()),
+  const AttnArgs a = b.decode_args(static_cast<const bf16*>(q.get()), cache, static_cast<const int32_t*>(tables.get()),
                                      static_cast<const int32_t*>(lens.get()), static_cast<bf16*>(out.get()));
-  const DecodePlan plan = plan_decode(decode_problem(a, b.max_seq_len()), be.decode_target());
+  const AttnPlan plan = plan_attention(attention_problem(a, b.max_seq_len()), be.attention_target());
   r.num_splits = plan.num_splits;
   const Buffer ws = be.alloc(plan.workspace_bytes);
   const SplitKWorkspace workspace{static_cast<float*>(ws.get()), plan.workspace_bytes, plan.num_splits};
-  be.run_decode(plan, a, workspace);
+  be.run_attention(plan, a, workspace);
   be.synchronize();
   std::vector<double> us;
   for (int i = 0; i < timed_reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    be.run_decode(plan, a, workspace);
+    be.run_attention(plan, a, workspace);
     be.synchronize();
     us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }

@@ -41,7 +41,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;     // "cpu" or "cuda"
   virtual std::string device() const = 0;   // e.g. "NVIDIA H200", "CPU reference backend, 2 threads"
-  virtual DecodeTarget decode_target() const = 0;  // what plan_decode plans for
+  virtual AttnTarget attention_target() const = 0;  // what plan_decode plans for
 
   virtual Buffer alloc(size_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
@@ -51,7 +51,7 @@ class Backend {
   // The library calls, on this backend's memory (CUDA: enqueued, so
   // synchronize() before reading a result or a clock).
   virtual void reshape_and_cache(const CacheWriteArgs& args) = 0;
-  virtual void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws) = 0;
+  virtual void run_attention(const AttnPlan& plan, const AttnArgs& args, const SplitKWorkspace& ws) = 0;
   virtual void synchronize() = 0;
 
   // The default job's decode timing of `format` (see the header comment).

@@ -15,7 +15,7 @@ class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
   std::string device() const override { return format("CPU reference backend, %d threads", int(cpu::num_threads())); }
-  DecodeTarget decode_target() const override { return cpu::decode_target(); }
+  AttnTarget attention_target() const override { return cpu::attention_target(); }
 
   Buffer alloc(size_t bytes) override {
     // 64-byte aligned (the library wants 16), rounded up as aligned_alloc requires.
@@ -28,8 +28,8 @@ class CpuBackend final : public Backend {
   void download(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
 
   void reshape_and_cache(const CacheWriteArgs& args) override { cpu::reshape_and_cache(args); }
-  void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws) override {
-    cpu::run_decode(plan, args, ws);
+  void run_attention(const AttnPlan& plan, const AttnArgs& args, const SplitKWorkspace& ws) override {
+    cpu::run_attention(plan, args, ws);
   }
   void synchronize() override {}
 

@@ -27,7 +27,7 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
   std::string device() const override { return dev_.name; }
-  DecodeTarget decode_target() const override { return cuda::decode_target(); }
+  AttnTarget attention_target() const override { return cuda::attention_target(); }
 
   Buffer alloc(size_t bytes) override {
     auto b = std::make_shared<DeviceBuffer<uint8_t>>(bytes, 0);
@@ -44,8 +44,8 @@ class CudaBackend final : public Backend {
   }
 
   void reshape_and_cache(const CacheWriteArgs& args) override { cuda::reshape_and_cache(args); }
-  void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws) override {
-    cuda::run_decode(plan, args, ws);
+  void run_attention(const AttnPlan& plan, const AttnArgs& args, const SplitKWorkspace& ws) override {
+    cuda::run_attention(plan, args, ws);
   }
   void synchronize() override { cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
@@ -61,14 +61,14 @@ class CudaBackend final : public Backend {
     s.block_size = batch.shape.block_size;
     const bench::DecodeWorkload wl(s, size_t(12) * size_t(std::max<int64_t>(dev_.l2_bytes, 1 << 20)), t.seed);
     DeviceBuffer<bf16> out(size_t(s.num_seqs) * s.num_q_heads * s.head_dim);
-    const DecodePlan plan = plan_decode(decode_problem(wl.args(0, out.get()), wl.max_seq_len()), cuda::decode_target());
+    const AttnPlan plan = plan_attention(attention_problem(wl.args(0, out.get()), wl.max_seq_len()), cuda::attention_target());
     DeviceBuffer<float> ws(plan.workspace_bytes / sizeof(float));
     const SplitKWorkspace workspace{ws.get(), plan.workspace_bytes, plan.num_splits};
     DecodeTiming r;
     r.num_splits = plan.num_splits;
     r.time_us = bench::median_us_per_call(
         [&](int call, cudaStream_t stream) {
-          cuda::run_decode(plan, wl.args(call % wl.replicas(), out.get()), workspace, stream);
+          cuda::run_attention(plan, wl.args(call % wl.replicas(), out.get()), workspace, stream);
         },
         std::max(8, wl.replicas()));
     r.attended_bytes = wl.attended_bytes();

@@ -18,8 +18,8 @@ void score(FormatResult& r, const HostBatch& b, const std::vector<double>& ref, 
                           const_cast<uint8_t*>(d.v_cache.data()), scales};
   const int32_t S = b.num_seqs(), hq = b.shape.num_q_heads, dim = b.shape.head_dim;
   r.error = test::compare_decode(d.out.data(), ref, S, hq, dim);
-  const DecodeArgs host = b.decode_args(b.q.data(), cache, b.block_tables.data(), b.seq_lens.data(), nullptr);
-  r.kernel_error = test::compare_decode(d.out.data(), test::reference_decode(host), S, hq, dim);
+  const AttnArgs host = b.decode_args(b.q.data(), cache, b.block_tables.data(), b.seq_lens.data(), nullptr);
+  r.kernel_error = test::compare_decode(d.out.data(), test::reference_attention(host), S, hq, dim);
 }
 
 }  // namespace
@@ -44,7 +44,7 @@ DemoReport run_demo(const DemoOptions& opt) {
   timed.seed = opt.seed;
 
   rep.backend = be->name();
-  rep.device = gpu ? format("%s, %d SMs", be->device().c_str(), be->decode_target().num_sms) : be->device();
+  rep.device = gpu ? format("%s, %d SMs", be->device().c_str(), be->attention_target().num_sms) : be->device();
   rep.ceiling_gbps = be->read_ceiling_gbps();
   rep.timed_batch = gpu ? format("%d seqs x %d tokens", timed.num_seqs, timed.seq_len) : "the accuracy batch";
   for (KvFormat f : all_formats()) {

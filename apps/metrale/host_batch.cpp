@@ -96,9 +96,9 @@ CacheWriteArgs HostBatch::write_args(const bf16* key_rows, const bf16* value_row
   return w;
 }
 
-DecodeArgs HostBatch::decode_args(const bf16* q_rows, const KvCacheView& cache, const int32_t* tables,
+AttnArgs HostBatch::decode_args(const bf16* q_rows, const KvCacheView& cache, const int32_t* tables,
                                   const int32_t* lens, bf16* out) const {
-  DecodeArgs a;
+  AttnArgs a;
   a.q = q_rows;
   a.q_stride = q_row();
   a.num_seqs = num_seqs();

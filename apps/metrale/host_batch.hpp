@@ -72,7 +72,7 @@ struct HostBatch {
   // The batch's calls, over copies of its arrays on either backend's memory.
   CacheWriteArgs write_args(const bf16* key_rows, const bf16* value_rows, const int64_t* slots,
                             const KvCacheView& cache) const;
-  DecodeArgs decode_args(const bf16* q_rows, const KvCacheView& cache, const int32_t* tables, const int32_t* lens,
+  AttnArgs decode_args(const bf16* q_rows, const KvCacheView& cache, const int32_t* tables, const int32_t* lens,
                          bf16* out) const;
 };
 

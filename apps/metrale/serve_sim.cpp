@@ -129,7 +129,7 @@ class KvStore {
   // returns the number of NaN/Inf output elements.
   int64_t decode(const bf16* q, const int32_t* tables, int32_t max_blocks, const int32_t* lens, int32_t num_seqs) {
     const size_t out_elems = size_t(num_seqs) * size_t(q_row());
-    DecodeArgs a;
+    AttnArgs a;
     a.q = q_.upload(be_, q, out_elems);
     a.q_stride = q_row();
     a.num_seqs = num_seqs;
@@ -140,7 +140,7 @@ class KvStore {
     a.seq_lens = lens_.upload(be_, lens, size_t(num_seqs));
     a.sm_scale = 1.0f / std::sqrt(float(shape_.head_dim));
     a.out = out_.reserve<bf16>(be_, out_elems);
-    const DecodePlan plan = plan_decode(decode_problem(a, *std::max_element(lens, lens + num_seqs)), be_.decode_target());
+    const AttnPlan plan = plan_attention(attention_problem(a, *std::max_element(lens, lens + num_seqs)), be_.attention_target());
     const SplitKWorkspace ws{workspace_.reserve<float>(be_, plan.workspace_bytes / sizeof(float) + 1),
                              plan.workspace_bytes, plan.num_splits};
     host_out_.resize(out_elems);
@@ -149,7 +149,7 @@ class KvStore {
       be_.fill(a.out, 0xff, out_elems * sizeof(bf16));  // NaN poison
       a.cache = view(l);
       const auto t0 = std::chrono::steady_clock::now();
-      be_.run_decode(plan, a, ws);
+      be_.run_attention(plan, a, ws);
       be_.synchronize();
       seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       be_.download(host_out_.data(), a.out, out_elems * sizeof(bf16));

@@ -147,9 +147,9 @@ void random_bf16(bf16* device, int64_t n, int32_t row_len, uint64_t seed) {
   test::cuda_check(cudaGetLastError(), "random_rows");
 }
 
-PagedAttnArgs DecodeWorkload::runs_args(int replica, bf16* out, const bf16* q, int64_t q_stride,
+AttnArgs DecodeWorkload::runs_args(int replica, bf16* out, const bf16* q, int64_t q_stride,
                                         const int32_t* q_start, int32_t num_q_rows) const {
-  PagedAttnArgs a = attn_args(args(replica, out));
+  AttnArgs a = args(replica, out);
   a.q = q;
   a.q_stride = q_stride;
   a.q_start = q_start;
@@ -162,9 +162,9 @@ DecodeWorkload::~DecodeWorkload() {
   cudaFree(seq_lens_);
 }
 
-DecodeArgs DecodeWorkload::args(int replica, bf16* out) const {
+AttnArgs DecodeWorkload::args(int replica, bf16* out) const {
   const Cache& c = *caches_[replica % caches_.size()];
-  DecodeArgs a;
+  AttnArgs a;
   a.q = q_;
   a.q_stride = int64_t(shape_.num_q_heads) * shape_.head_dim;
   a.num_seqs = shape_.num_seqs;

@@ -50,10 +50,10 @@ class DecodeWorkload {
   const DecodeShape& shape() const { return shape_; }
   int replicas() const { return int(caches_.size()); }
   // Device arguments of replica r; `out` is a device [num_seqs, q_heads, D] bf16 buffer.
-  DecodeArgs args(int replica, bf16* out) const;
+  AttnArgs args(int replica, bf16* out) const;
   // The same cache as query runs: rows q_start[i] .. q_start[i+1] of `q`
   // (device, q_stride elements per row) for sequence i, `out` [num_q_rows, q_heads, D].
-  PagedAttnArgs runs_args(int replica, bf16* out, const bf16* q, int64_t q_stride, const int32_t* q_start,
+  AttnArgs runs_args(int replica, bf16* out, const bf16* q, int64_t q_stride, const int32_t* q_start,
                           int32_t num_q_rows) const;
   // Bytes of K, V and scales in the attended range of one replica.
   double attended_bytes() const;

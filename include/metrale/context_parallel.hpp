@@ -6,17 +6,17 @@
 // layout and the merge on both backends. The NCCL exchange is declared at the
 // bottom and defined in the separate static target metrale_nccl.
 //
-// How a rank expresses "my pages of each sequence" with DecodeArgs:
+// How a rank expresses "my pages of each sequence" with AttnArgs:
 //   * a per-rank block table whose row i lists, in global order, the pages of
 //     sequence i that the rank owns AND that lie in the attended range
 //     (the window is trimmed on the host, per sequence), and a per-rank length
 //     = the tokens of those pages (full pages, plus the sequence's partial
 //     last page, which is always the last page of the rank's row when owned);
-//   * sliding_window = 0 in the rank's DecodeArgs: the window is already
+//   * sliding_window = 0 in the rank's AttnArgs: the window is already
 //     applied by the trimming.
 // The one position a page-granular shard cannot express is the window's first
 // page when the window starts inside it (positions [page*B, L-W) masked, a
-// different offset per sequence; DecodeArgs has one scalar window). That page
+// different offset per sequence; AttnArgs has one scalar window). That page
 // is cut out of the rank's table and attended by a small "edge" pass that
 // writes one extra (o, m, l) record per (seq, q head) on the rank owning it
 // (m = -inf, l = 0 elsewhere). It only exists when sliding_window > 0.
@@ -61,7 +61,7 @@ struct EdgeSlice {
 };
 
 // One rank's part of a batch, in host memory. Upload block_tables, seq_lens
-// (and edges when the batch has a window) and build the rank's DecodeArgs
+// (and edges when the batch has a window) and build the rank's AttnArgs
 // with rank_decode_args().
 struct RankShard {
   int32_t rank = 0;
@@ -78,7 +78,7 @@ struct RankShard {
 };
 
 // Builds rank `rank`'s shard from the GLOBAL block table and lengths (host
-// memory, same contract as DecodeArgs) and the batch's sliding window.
+// memory, same contract as AttnArgs) and the batch's sliding window.
 RankShard make_rank_shard(const ShardSpec& spec, int32_t rank, const int32_t* block_tables,
                           int32_t max_blocks_per_seq, const int32_t* seq_lens, int32_t num_seqs, int32_t block_size,
                           int32_t sliding_window);
@@ -86,10 +86,10 @@ std::vector<RankShard> make_shards(const ShardSpec& spec, const int32_t* block_t
                                    const int32_t* seq_lens, int32_t num_seqs, int32_t block_size,
                                    int32_t sliding_window);
 
-// The rank's DecodeArgs: `global` (q, heads, sm_scale, out, and the RANK'S
+// The rank's AttnArgs: `global` (q, heads, sm_scale, out, and the RANK'S
 // cache view) with the shard's tables/lengths (pointers to the uploaded
 // copies), max_blocks_per_seq from the shard, sliding_window = 0.
-DecodeArgs rank_decode_args(const DecodeArgs& global, const RankShard& shard, const int32_t* block_tables,
+AttnArgs rank_decode_args(const AttnArgs& global, const RankShard& shard, const int32_t* block_tables,
                             const int32_t* seq_lens);
 
 // Record layout of the exchange. Per rank, one contiguous block of
@@ -119,7 +119,7 @@ struct CpLayout {
   void validate() const;  // throws InvalidArgument (merged_splits() <= kMaxSplits, ...)
 };
 
-CpLayout make_layout(int32_t num_ranks, const DecodeArgs& args, int32_t splits_per_rank, bool has_edge);
+CpLayout make_layout(int32_t num_ranks, const AttnArgs& args, int32_t splits_per_rank, bool has_edge);
 
 // The SplitKWorkspace of a rank's split-K pass inside its record block.
 inline SplitKWorkspace rank_splitk_workspace(const CpLayout& L, float* rank_block) {
@@ -129,7 +129,7 @@ inline SplitKWorkspace rank_splitk_workspace(const CpLayout& L, float* rank_bloc
 // ---- Query runs (docs/context_parallel.md 7): a prompt or chunk over a
 // sharded context. With contiguous sharding a rank holds the positions of
 // its pages, [kv_start, kv_start + kv_lens), as a shard view
-// (PagedAttnArgs::kv_start / kv_lens): every rank attends the whole run
+// (AttnArgs::kv_start / kv_lens): every rank attends the whole run
 // over its view (the causal rule and the window stay global, so no edge
 // pass), and the records merge as the decode's do, query rows in the place
 // of sequences (run_layout). The CPU backend serves shard views today.
@@ -147,15 +147,15 @@ struct RunShard {
 RunShard make_run_shard(const ShardSpec& spec, int32_t rank, const int32_t* block_tables, int32_t max_blocks_per_seq,
                         const int32_t* seq_lens, int32_t num_seqs, int32_t block_size);
 
-// The rank's PagedAttnArgs: `global` (q, q_start, heads, the window, the
+// The rank's AttnArgs: `global` (q, q_start, heads, the window, the
 // RANK'S cache view, out) with the shard's tables and view (pointers to
 // the copies in the rank's memory).
-PagedAttnArgs rank_attn_args(const PagedAttnArgs& global, const RunShard& shard, const int32_t* block_tables,
+AttnArgs rank_attn_args(const AttnArgs& global, const RunShard& shard, const int32_t* block_tables,
                              const int32_t* kv_start, const int32_t* kv_lens);
 
 // The exchange's layout for query runs: CpLayout with one "sequence" per
 // query row, no edge records.
-CpLayout run_layout(int32_t num_ranks, const PagedAttnArgs& args, int32_t splits_per_rank);
+CpLayout run_layout(int32_t num_ranks, const AttnArgs& args, int32_t splits_per_rank);
 
 }  // namespace metrale::cp
 
@@ -164,10 +164,10 @@ namespace metrale::cpu {
 // Rank step 1: the split-K pass of `rank_args` (from rank_decode_args) into
 // the first part of `rank_block` (L.rank_floats() floats) and, when
 // L.has_edge, the edge pass over `edges` (host, [num_seqs]) into the rest.
-void cp_rank_states(const cp::CpLayout& L, const DecodeArgs& rank_args, const cp::EdgeSlice* edges,
+void cp_rank_states(const cp::CpLayout& L, const AttnArgs& rank_args, const cp::EdgeSlice* edges,
                     float* rank_block);
 // Only the edge pass: S*H records at `edge_records`.
-void cp_edge_states(const DecodeArgs& rank_args, const cp::EdgeSlice* edges, float* edge_records);
+void cp_edge_states(const AttnArgs& rank_args, const cp::EdgeSlice* edges, float* edge_records);
 // Step 3 (after the gather): permutes `gathered` (L.gathered_floats(), rank
 // major) into `merged` (L.merged_floats()) and reduces into `out`
 // ([num_seqs, num_q_heads, head_dim] bf16).
@@ -178,9 +178,9 @@ void cp_merge(const cp::CpLayout& L, const float* gathered, float* merged, bf16*
 namespace metrale::cuda {
 
 // The same on device memory, enqueued on `stream`; `edges` is a device array.
-void cp_rank_states(const cp::CpLayout& L, const DecodeArgs& rank_args, const cp::EdgeSlice* edges,
+void cp_rank_states(const cp::CpLayout& L, const AttnArgs& rank_args, const cp::EdgeSlice* edges,
                     float* rank_block, Stream stream = nullptr);
-void cp_edge_states(const DecodeArgs& rank_args, const cp::EdgeSlice* edges, float* edge_records,
+void cp_edge_states(const AttnArgs& rank_args, const cp::EdgeSlice* edges, float* edge_records,
                     Stream stream = nullptr);
 void cp_merge(const cp::CpLayout& L, const float* gathered, float* merged, bf16* out, Stream stream = nullptr);
 
@@ -199,7 +199,7 @@ void cp_all_gather(const cp::CpLayout& L, int32_t rank, float* gathered, ncclCom
 // merge into rank_args.out. `gathered` and `merged` are device buffers of
 // L.gathered_floats() / L.merged_floats(); `edges` a device array (may be
 // null when !L.has_edge).
-void cp_decode(const cp::CpLayout& L, int32_t rank, const DecodeArgs& rank_args, const cp::EdgeSlice* edges,
+void cp_decode(const cp::CpLayout& L, int32_t rank, const AttnArgs& rank_args, const cp::EdgeSlice* edges,
                float* gathered, float* merged, ncclComm* comm, cuda::Stream stream = nullptr);
 
 }  // namespace metrale::nccl

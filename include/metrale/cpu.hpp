@@ -1,4 +1,4 @@
-// The CPU reference backend: every operation of SYSTEM.md section 1 on host
+// The CPU reference backend: every operation of docs/spec.md section 1 on host
 // memory, multithreaded. It is the oracle the CUDA kernels are tested against
 // and the fallback on machines without a GPU. Quantizers are bit-exact with
 // the GPU; decode accumulates in f32 over the dequantized cache.
@@ -25,25 +25,16 @@ int64_t reshape_and_cache(const CacheWriteArgs& args);
 void bf16_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, float* absmax);
 
 // This backend as the planner sees it: its worker threads, no TMA, no
-// clusters. plan_decode(problem, cpu::decode_target()).
-DecodeTarget decode_target();
+// clusters. plan_attention(problem, cpu::attention_target()).
+AttnTarget attention_target();
 
-// Single pass or split-K + reduce, as the plan says (a cluster merge is the
-// CUDA backend's: plans for this backend come from cpu::decode_target()).
-void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws);
+// As cuda::run_attention (a cluster merge is the CUDA backend's: plans for
+// this backend come from cpu::attention_target()); also serves shard views
+// (AttnArgs::kv_start / kv_lens). The values behind q_start, seq_lens and
+// sinks are validated here.
+void run_attention(const AttnPlan& plan, const AttnArgs& args, const SplitKWorkspace& ws);
 
-// Forced plans: single pass; the split-K pass of ws.num_splits splits into
-// the workspace only (merge it with paged_decode_attn_reduce).
-void paged_decode_attn(const DecodeArgs& args);
-void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws);
-void paged_decode_attn_reduce(const ReduceArgs& args);
-
-// Query runs (SYSTEM.md 8; decode is the run of one row): as run_decode
-// with a plan of decode_problem(args), and the forced single pass and
-// split-K pass (records per query row, q head, split; reduce with
-// reduce_args_for(args, ws), which applies the sinks and writes lse).
-void run_attn(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws);
-void paged_attn(const PagedAttnArgs& args);
-void paged_attn_splitk(const PagedAttnArgs& args, const SplitKWorkspace& ws);
+// As cuda::reduce_states.
+void reduce_states(const ReduceArgs& args);
 
 }  // namespace metrale::cpu

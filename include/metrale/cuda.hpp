@@ -35,28 +35,20 @@ void reshape_and_cache(const CacheWriteArgs& args, Stream stream = nullptr);
 void bf16_absmax(const bf16* x, int64_t num_rows, int64_t row_len, int64_t row_stride, float* absmax,
                  Stream stream = nullptr);
 
-// The current GPU as the planner sees it: SM count, TMA, cluster residency
-// of each decode kernel. plan_decode(problem, cuda::decode_target()).
-DecodeTarget decode_target();
+// The current GPU as the planner sees it: SM count, L2, TMA, cluster
+// residency of each kernel. plan_attention(problem, cuda::attention_target()).
+AttnTarget attention_target();
 
-// Launches what the plan says (plan.hpp): the decode kernel, and the reduce
-// where the plan merges through the workspace (`ws`: plan.workspace_bytes,
-// laid out for plan.num_splits; unused by the other plans).
-void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
+// Attention of every query shape (AttnArgs; decode is q_start null):
+// launches what the plan says, the kernel and, where the plan merges through
+// the workspace, the reduce (`ws`: plan.workspace_bytes, laid out for
+// plan.num_splits; unused by the other plans). The plan must fit the
+// arguments (plan.hpp): runs longer than its max_q_len are not computed (the
+// debug validator on host copies checks the runs).
+void run_attention(const AttnPlan& plan, const AttnArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
 
-// Forced plans: single pass; the split-K pass of ws.num_splits splits into
-// the workspace only (merge it with paged_decode_attn_reduce).
-void paged_decode_attn(const DecodeArgs& args, Stream stream = nullptr);
-void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
-void paged_decode_attn_reduce(const ReduceArgs& args, Stream stream = nullptr);
-
-// Query runs (SYSTEM.md 8), sinks, soft-cap, lse: as cpu::run_attn /
-// paged_attn / paged_attn_splitk. The plan's max_q_len must bound every run
-// (decode_problem(args, L, n) or args.max_q_len): the grid has
-// ceil(max_q_len * group / 8) tiles per kv head; rows past it are not
-// computed (the debug validator on host copies checks the runs).
-void run_attn(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
-void paged_attn(const PagedAttnArgs& args, Stream stream = nullptr);
-void paged_attn_splitk(const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream = nullptr);
+// Merges split-K states (a states_only plan's, or states computed
+// anywhere: docs/spec.md 4) into args.out, applying the sinks, writing lse.
+void reduce_states(const ReduceArgs& args, Stream stream = nullptr);
 
 }  // namespace metrale::cuda

@@ -1,4 +1,4 @@
-// Arguments of every operation of SYSTEM.md section 1, shared by the CPU
+// Arguments of every operation of docs/spec.md section 1, shared by the CPU
 // reference backend (metrale/cpu.hpp) and the CUDA backend (metrale/cuda.hpp).
 //
 // Pointers are to host memory for the CPU backend and device memory for the
@@ -49,48 +49,29 @@ struct CacheWriteArgs {
   int64_t value_head_stride_used() const { return value_head_stride ? value_head_stride : cache.layout.head_dim; }
 };
 
-// Paged decode: one query token per sequence attends to positions
-// [max(0, L - W), L) of its cache (W = sliding_window, 0 = whole context).
-// q head h reads kv head h / (num_q_heads / num_kv_heads).
-struct DecodeArgs {
-  const bf16* q = nullptr;               // head h of sequence i at q + i*q_stride + h*q_head_stride; 16-byte aligned
-  int64_t q_stride = 0;                  // elements between rows, a multiple of 8
-  int64_t q_head_stride = 0;             // elements between heads, a multiple of 8; 0 = head_dim (packed heads)
-  int32_t num_seqs = 0;
-  int32_t num_q_heads = 0;
-  KvCacheView cache;
-  const int32_t* block_tables = nullptr; // [num_seqs, max_blocks_per_seq] page ids
-  int32_t max_blocks_per_seq = 0;
-  const int32_t* seq_lens = nullptr;     // [num_seqs], 0 <= L <= max_blocks_per_seq * block_size
-  int32_t sliding_window = 0;            // 0 = off
-  float sm_scale = 0.0f;                 // multiplies the logits (1/sqrt(D) usually)
-  bf16* out = nullptr;                   // [num_seqs, num_q_heads, D], contiguous
-  // Attention sinks and logit soft-capping (SYSTEM.md 8), as PagedAttnArgs.
-  const float* sinks = nullptr;
-  float softcap = 0.0f;
-
-  int64_t q_head_stride_used() const { return q_head_stride ? q_head_stride : cache.layout.head_dim; }
-};
-
-// Attention of query runs over the paged cache (SYSTEM.md 8): speculative
+// Attention over the paged cache (docs/spec.md 8), every query shape through
+// one struct: decode (q_start null: one row per sequence), speculative
 // verification, a chunk of a chunked prefill, a prompt. Sequence i's query
 // run is rows q_start[i] .. q_start[i+1] of q (n_i rows, n_i <= seq_lens[i];
 // their K/V already written into the cache, seq_lens counting them); row j
 // sits at position p = L_i - n_i + j and attends to positions
 // [max(0, p + 1 - W), p] (causal, aligned to the end of the cache, window W
-// per query). With q_start null every sequence has one row: decode.
-struct PagedAttnArgs {
+// per query). q head h reads kv head h / (num_q_heads / num_kv_heads).
+struct AttnArgs {
   // Head h of query row r at q + r*q_stride + h*q_head_stride, head_dim
   // contiguous values: rows of a fused QKV projection (q_head_stride =
   // head_dim), or any (rows, heads, head_dim) view with a unit inner stride,
   // e.g. transformers' (1, heads, tokens, head_dim) query read as (tokens,
   // heads, head_dim): q_stride = head_dim, q_head_stride = tokens*head_dim.
+  // The rows x heads rows of head_dim must not overlap (token-major or
+  // head-major nesting, as the cache write's K/V).
   const bf16* q = nullptr;               // 16-byte aligned
   int64_t q_stride = 0;                  // elements between rows, a multiple of 8
   int64_t q_head_stride = 0;             // elements between heads, a multiple of 8; 0 = head_dim (packed heads)
-  const int32_t* q_start = nullptr;      // [num_seqs + 1], non-decreasing, q_start[0] = 0, q_start[num_seqs] = num_q_rows
+  const int32_t* q_start = nullptr;      // [num_seqs + 1], non-decreasing, q_start[0] = 0, q_start[num_seqs] = num_q_rows;
+                                         // null: one row per sequence (decode)
   int32_t num_seqs = 0;
-  int32_t num_q_rows = 0;                // rows of q, out and lse (num_seqs when q_start is null)
+  int32_t num_q_rows = 0;                // rows of q, out and lse; with q_start null, 0 or num_seqs
   int32_t num_q_heads = 0;
   KvCacheView cache;
   const int32_t* block_tables = nullptr; // [num_seqs, max_blocks_per_seq] page ids
@@ -102,45 +83,26 @@ struct PagedAttnArgs {
   // denominator only, at the final normalisation (-inf: none; NaN rejected).
   const float* sinks = nullptr;          // [num_q_heads]
   float softcap = 0.0f;                  // c > 0: each logit s becomes c * tanh(s / c); 0 = off
-  bf16* out = nullptr;                   // [num_q_rows, num_q_heads, D], contiguous
-  float* lse = nullptr;                  // optional [num_q_rows, num_q_heads]: m + ln(l) of the attended
+  bf16* out = nullptr;                   // [rows, num_q_heads, D], contiguous
+  float* lse = nullptr;                  // optional [rows, num_q_heads]: m + ln(l) of the attended
                                          // positions (without the sink), -inf where none
-  int32_t max_q_len = 0;                 // an upper bound of every run (the forced entry points' grid);
-                                         // 0: the block table's capacity
   // Optional, both or neither: a shard view of each sequence's context
   // (context-parallel query runs, docs/context_parallel.md 7). Sequence i's
   // block-table row then lists the pages of global positions [kv_start[i],
   // kv_start[i] + kv_lens[i]) from entry 0 (kv_start[i] a multiple of
   // block_size); seq_lens[i] stays the global length (the causal rule is
   // unchanged) and each row attends what of its range lies in the view.
-  // CPU backend only for now: the CUDA entry points throw Unsupported.
+  // CPU backend only for now: the CUDA backend throws Unsupported.
   const int32_t* kv_start = nullptr;     // [num_seqs]
   const int32_t* kv_lens = nullptr;      // [num_seqs], kv_start[i] + kv_lens[i] <= seq_lens[i]
 
+  // The query rows: num_q_rows with runs, num_seqs without.
+  int32_t rows() const { return q_start ? num_q_rows : num_seqs; }
   // The head stride in force (head_dim where 0).
   int64_t q_head_stride_used() const { return q_head_stride ? q_head_stride : cache.layout.head_dim; }
+  // Whether sinks, soft-cap or lse are asked for (the runs kernel serves them).
+  bool has_options() const { return sinks != nullptr || softcap > 0.0f || lse != nullptr; }
 };
-
-// A decode call as query runs of one row each.
-inline PagedAttnArgs attn_args(const DecodeArgs& d) {
-  PagedAttnArgs a;
-  a.q = d.q;
-  a.q_stride = d.q_stride;
-  a.q_head_stride = d.q_head_stride;
-  a.num_seqs = d.num_seqs;
-  a.num_q_rows = d.num_seqs;
-  a.num_q_heads = d.num_q_heads;
-  a.cache = d.cache;
-  a.block_tables = d.block_tables;
-  a.max_blocks_per_seq = d.max_blocks_per_seq;
-  a.seq_lens = d.seq_lens;
-  a.sliding_window = d.sliding_window;
-  a.sm_scale = d.sm_scale;
-  a.sinks = d.sinks;
-  a.softcap = d.softcap;
-  a.out = d.out;
-  return a;
-}
 
 // Query row j of a run of n rows over a sequence of length L: its position
 // and the positions it attends, [begin, end).
@@ -173,7 +135,7 @@ struct SplitKWorkspace {
   int32_t num_splits = 1;
 };
 
-size_t splitk_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim, int32_t num_splits);
+size_t splitk_workspace_bytes(int64_t num_rows, int32_t num_q_heads, int32_t head_dim, int32_t num_splits);
 
 // Split s of a sequence covers pages [first + s*per, min(first + (s+1)*per, end))
 // of its attended range, per = ceil((end - first) / num_splits): contiguous,
@@ -199,7 +161,7 @@ METRALE_HD PageRange attended_pages(int32_t seq_len, int32_t sliding_window, int
 struct ReduceArgs {
   const float* workspace = nullptr;
   size_t workspace_bytes = 0;
-  int32_t num_seqs = 0;                  // rows: sequences of a decode, query rows of PagedAttnArgs
+  int32_t num_seqs = 0;                  // rows: the query rows of AttnArgs (sequences of a decode)
   int32_t num_q_heads = 0;
   int32_t head_dim = 0;
   int32_t num_splits = 0;
@@ -208,12 +170,12 @@ struct ReduceArgs {
   float* lse = nullptr;                  // optional [num_seqs, num_q_heads]: M + ln(L) of the merged state
 };
 
-// The reduce that merges the split-K pass `ws` of `args` into args.out (and args.lse).
-inline ReduceArgs reduce_args_for(const PagedAttnArgs& args, const SplitKWorkspace& ws) {
+// The reduce that merges the split-K states `ws` of `args` into args.out (and args.lse).
+inline ReduceArgs reduce_args_for(const AttnArgs& args, const SplitKWorkspace& ws) {
   ReduceArgs r;
   r.workspace = ws.data;
   r.workspace_bytes = ws.bytes;
-  r.num_seqs = args.num_q_rows;
+  r.num_seqs = args.rows();
   r.num_q_heads = args.num_q_heads;
   r.head_dim = args.cache.layout.head_dim;
   r.num_splits = ws.num_splits;
@@ -221,9 +183,6 @@ inline ReduceArgs reduce_args_for(const PagedAttnArgs& args, const SplitKWorkspa
   r.sinks = args.sinks;
   r.lse = args.lse;
   return r;
-}
-inline ReduceArgs reduce_args_for(const DecodeArgs& args, const SplitKWorkspace& ws) {
-  return reduce_args_for(attn_args(args), ws);
 }
 
 // Largest num_splits a split-K launch accepts.

@@ -26,7 +26,7 @@ inline void axpy(float p, const float* __restrict x, float* __restrict y, int32_
 
 }  // namespace
 
-DecodeContext::DecodeContext(const PagedAttnArgs& args)
+DecodeContext::DecodeContext(const AttnArgs& args)
     : a(args),
       num_kv_heads(args.cache.layout.num_kv_heads),
       head_dim(args.cache.layout.head_dim),

@@ -13,9 +13,9 @@ namespace metrale::cpu::detail {
 
 // Per-call constants of a launch (after validation).
 struct DecodeContext {
-  explicit DecodeContext(const PagedAttnArgs& args);
+  explicit DecodeContext(const AttnArgs& args);
 
-  const PagedAttnArgs& a;
+  const AttnArgs& a;
   int32_t num_kv_heads, head_dim, block_size, group;
   float k_logit_scale;  // sm_scale * per-tensor K scale (fp8 k_scale, nvfp4 k_global_scale)
   float v_out_scale;    // per-tensor V scale, applied to the normalised output

@@ -1,6 +1,6 @@
 // Paged attention on the CPU, decode and query runs (SYSTEM.md 8) alike: a
 // decode is a run of one row per sequence, through the same code. Single
-// pass, split-K partial states (SYSTEM.md 4), run_decode / run_attn. Work
+// pass, split-K partial states (docs/spec.md 4), run_attention. Work
 // items are (sequence, kv head[, split]); for each row of the sequence's run
 // each dequantizes a (token, kv head) row once and serves all q heads of the
 // GQA group from it, accumulating in f32.
@@ -31,11 +31,11 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // The sink logit of q head h (-inf: none).
-float sink_of(const PagedAttnArgs& a, int64_t h) {
+float sink_of(const AttnArgs& a, int64_t h) {
   return a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
 }
 
-void attn_single(const PagedAttnArgs& a) {
+void attn_single(const AttnArgs& a) {
   const detail::DecodeContext c(a);
   const int64_t items = int64_t(a.num_seqs) * c.num_kv_heads;
   detail::parallel_for(items, 1, [&](int64_t begin, int64_t end) {
@@ -74,7 +74,7 @@ void attn_single(const PagedAttnArgs& a) {
 
 // Split s of a run covers split_pages(run_pages, s, num_splits): the same
 // cut for every row of the run (each row masks its own range).
-void attn_splitk(const PagedAttnArgs& a, int32_t num_splits, float* ws) {
+void attn_splitk(const AttnArgs& a, int32_t num_splits, float* ws) {
   const detail::DecodeContext c(a);
   const int64_t rec = softmax::record_floats(c.head_dim);
   const int64_t items = int64_t(a.num_seqs) * c.num_kv_heads * num_splits;
@@ -115,61 +115,27 @@ void attn_splitk(const PagedAttnArgs& a, int32_t num_splits, float* ws) {
 }
 
 // The plan's work over validated arguments.
-void run_plan(const DecodePlan& plan, const PagedAttnArgs& a, const SplitKWorkspace& ws) {
-  if (plan.merge == DecodeMerge::cluster)
+void run_plan(const AttnPlan& plan, const AttnArgs& a, const SplitKWorkspace& ws) {
+  if (plan.merge == SplitMerge::cluster)
     metrale::detail::throw_unsupported("plan.merge", "cluster",
-                                       "single_pass or workspace on the CPU backend (plan with cpu::decode_target())");
+                                       "single_pass, workspace or states_only on the CPU backend (plan with "
+                                       "cpu::attention_target())");
   if (a.num_seqs == 0) return;
-  if (plan.merge == DecodeMerge::single_pass) return attn_single(a);
+  if (plan.merge == SplitMerge::single_pass) return attn_single(a);
   attn_splitk(a, plan.num_splits, ws.data);
-  detail::reduce_splits(reduce_args_for(a, ws));
+  if (plan.merge == SplitMerge::workspace) detail::reduce_splits(reduce_args_for(a, ws));
 }
 
 }  // namespace
 
-DecodeTarget decode_target() {
-  DecodeTarget t;
+AttnTarget attention_target() {
+  AttnTarget t;
   t.num_sms = num_threads();
   return t;
 }
 
-void paged_decode_attn(const DecodeArgs& args) {
-  metrale::detail::validate_decode(args);
-  if (args.num_seqs == 0) return;
-  attn_single(attn_args(args));
-}
-
-void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws) {
-  metrale::detail::validate_decode(args, /*writes_out=*/false);
-  metrale::detail::validate_workspace(attn_args(args), ws);
-  if (args.num_seqs == 0) return;
-  attn_splitk(attn_args(args), ws.num_splits, ws.data);
-}
-
-void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws) {
-  metrale::detail::validate_run(plan, attn_args(args), ws);  // everything, `out` included, before any work
-  run_plan(plan, attn_args(args), ws);
-}
-
-void paged_attn(const PagedAttnArgs& args) {
-  metrale::detail::validate_attn(args);
-  metrale::detail::validate_query_runs(args);
-  metrale::detail::validate_kv_view(args);
-  if (args.num_seqs == 0) return;
-  attn_single(args);
-}
-
-void paged_attn_splitk(const PagedAttnArgs& args, const SplitKWorkspace& ws) {
-  metrale::detail::validate_attn(args, /*writes_out=*/false);
-  metrale::detail::validate_query_runs(args);
-  metrale::detail::validate_kv_view(args);
-  metrale::detail::validate_workspace(args, ws);
-  if (args.num_seqs == 0) return;
-  attn_splitk(args, ws.num_splits, ws.data);
-}
-
-void run_attn(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws) {
-  metrale::detail::validate_run(plan, args, ws);
+void run_attention(const AttnPlan& plan, const AttnArgs& args, const SplitKWorkspace& ws) {
+  metrale::detail::validate_run(plan, args, ws);  // everything, `out` included, before any work
   metrale::detail::validate_query_runs(args);
   metrale::detail::validate_kv_view(args);
   run_plan(plan, args, ws);

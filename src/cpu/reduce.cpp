@@ -49,7 +49,7 @@ void detail::reduce_splits(const ReduceArgs& a) {
   });
 }
 
-void paged_decode_attn_reduce(const ReduceArgs& args) {
+void reduce_states(const ReduceArgs& args) {
   metrale::detail::validate_reduce(args);
   detail::reduce_splits(args);
 }

@@ -1,4 +1,4 @@
-// Argument validation shared by the CPU and CUDA backends (SYSTEM.md 6).
+// Argument validation shared by the CPU and CUDA backends (docs/spec.md 6).
 #include "host/validate.hpp"
 
 #include <algorithm>
@@ -80,10 +80,11 @@ void validate_cache_write(const CacheWriteArgs& a) {
                       static_cast<const void*>(a.saturated), "an 8-byte aligned int64[2]");
 }
 
-void validate_attn(const PagedAttnArgs& a, bool writes_out) {
+void validate_attn(const AttnArgs& a, bool writes_out) {
   METRALE_CHECK_ARG(a.num_seqs >= 0, "num_seqs", a.num_seqs, ">= 0");
-  METRALE_CHECK_ARG(a.q_start != nullptr || a.num_q_rows == a.num_seqs, "num_q_rows", a.num_q_rows,
-                    "num_seqs = " + std::to_string(a.num_seqs) + " without q_start (one row per sequence)");
+  METRALE_CHECK_ARG(a.q_start != nullptr || a.num_q_rows == 0 || a.num_q_rows == a.num_seqs, "num_q_rows",
+                    a.num_q_rows,
+                    "0 or num_seqs = " + std::to_string(a.num_seqs) + " without q_start (one row per sequence)");
   METRALE_CHECK_ARG(a.num_q_rows >= 0, "num_q_rows", a.num_q_rows, ">= 0");
   validate_cache_view(a.cache);
   const int32_t hkv = a.cache.layout.num_kv_heads, d = a.cache.layout.head_dim;
@@ -95,19 +96,18 @@ void validate_attn(const PagedAttnArgs& a, bool writes_out) {
                     "a finite f32 >= 0 (0 = off)");
   METRALE_CHECK_ARG(a.max_blocks_per_seq > 0, "max_blocks_per_seq", a.max_blocks_per_seq, "> 0");
   if (a.num_seqs == 0) return;
-  if (a.num_q_rows > 0) {  // runs may all be empty
+  if (a.rows() > 0) {  // runs may all be empty
     check_ptr(a.q, "q", true);
     if (writes_out) check_ptr(a.out, "out", true);
   }
   check_ptr(a.block_tables, "block_tables", false);
   check_ptr(a.seq_lens, "seq_lens", false);
-  check_row_strides("q", a.q_stride, "q_head_stride", a.q_head_stride, std::max(a.num_q_rows, 1), a.num_q_heads, d,
+  check_row_strides("q", a.q_stride, "q_head_stride", a.q_head_stride, std::max(a.rows(), 1), a.num_q_heads, d,
                     "num_q_rows", "num_q_heads");
 }
 
-void validate_decode(const DecodeArgs& a, bool writes_out) { validate_attn(attn_args(a), writes_out); }
 
-void validate_query_runs(const PagedAttnArgs& a) {
+void validate_query_runs(const AttnArgs& a) {
   if (a.sinks)
     for (int32_t h = 0; h < a.num_q_heads; ++h)
       if (std::isnan(a.sinks[h])) throw_invalid("sinks", "sinks[" + std::to_string(h) + "] = NaN", "a logit or -inf");
@@ -127,7 +127,7 @@ void validate_query_runs(const PagedAttnArgs& a) {
                     "num_q_rows = " + std::to_string(a.num_q_rows));
 }
 
-void validate_kv_view(const PagedAttnArgs& a) {
+void validate_kv_view(const AttnArgs& a) {
   if ((a.kv_start == nullptr) != (a.kv_lens == nullptr))
     throw_invalid(a.kv_start ? "kv_lens" : "kv_start", "nullptr", "given with kv_start and kv_lens both (a shard view)");
   if (a.kv_start == nullptr) return;
@@ -145,12 +145,12 @@ void validate_kv_view(const PagedAttnArgs& a) {
   }
 }
 
-void validate_workspace(const PagedAttnArgs& a, const SplitKWorkspace& ws) {
+void validate_workspace(const AttnArgs& a, const SplitKWorkspace& ws) {
   METRALE_CHECK_ARG(ws.num_splits >= 1 && ws.num_splits <= kMaxSplits, "num_splits", ws.num_splits,
                     "1.." + std::to_string(kMaxSplits));
   if (a.num_seqs == 0) return;
   check_ptr(ws.data, "workspace", true);
-  const size_t need = splitk_workspace_bytes(a.num_q_rows, a.num_q_heads, a.cache.layout.head_dim, ws.num_splits);
+  const size_t need = splitk_workspace_bytes(a.rows(), a.num_q_heads, a.cache.layout.head_dim, ws.num_splits);
   METRALE_CHECK_ARG(ws.bytes >= need, "workspace_bytes", ws.bytes, ">= " + std::to_string(need));
 }
 
@@ -169,8 +169,8 @@ void validate_reduce(const ReduceArgs& a) {
   METRALE_CHECK_ARG(a.workspace_bytes >= need, "workspace_bytes", a.workspace_bytes, ">= " + std::to_string(need));
 }
 
-void validate_run(const DecodePlan& plan, const PagedAttnArgs& a, const SplitKWorkspace& ws) {
-  validate_attn(a);
+void validate_run(const AttnPlan& plan, const AttnArgs& a, const SplitKWorkspace& ws) {
+  validate_attn(a, plan.merge != SplitMerge::states_only);
   METRALE_CHECK_ARG(plan.num_splits >= 1 && plan.num_splits <= kMaxSplits, "plan.num_splits", plan.num_splits,
                     "1.." + std::to_string(kMaxSplits));
   const KvCacheLayout &P = plan.problem.layout, &L = a.cache.layout;
@@ -186,12 +186,12 @@ void validate_run(const DecodePlan& plan, const PagedAttnArgs& a, const SplitKWo
                     "the plan's num_q_heads = " + std::to_string(plan.problem.num_q_heads));
   METRALE_CHECK_ARG(a.num_seqs <= plan.problem.num_seqs, "num_seqs", a.num_seqs,
                     "<= the plan's num_seqs = " + std::to_string(plan.problem.num_seqs));
-  const int32_t plan_rows = decode_problem_rows(plan.problem);
-  METRALE_CHECK_ARG(a.num_q_rows <= plan_rows, "num_q_rows", a.num_q_rows,
+  const int64_t plan_rows = plan.problem.rows();
+  METRALE_CHECK_ARG(a.rows() <= plan_rows, "num_q_rows", a.rows(),
                     "<= the plan's query rows = " + std::to_string(plan_rows));
-  if (plan.merge != DecodeMerge::workspace || a.num_seqs == 0) return;
+  if (plan.merge == SplitMerge::single_pass || plan.merge == SplitMerge::cluster || a.num_seqs == 0) return;
   check_ptr(ws.data, "workspace", true);
-  const size_t need = splitk_workspace_bytes(a.num_q_rows, a.num_q_heads, L.head_dim, plan.num_splits);
+  const size_t need = splitk_workspace_bytes(a.rows(), a.num_q_heads, L.head_dim, plan.num_splits);
   METRALE_CHECK_ARG(ws.bytes >= need, "workspace_bytes", ws.bytes, ">= " + std::to_string(need));
   METRALE_CHECK_ARG(ws.num_splits == plan.num_splits, "workspace.num_splits", ws.num_splits,
                     "the plan's num_splits = " + std::to_string(plan.num_splits));

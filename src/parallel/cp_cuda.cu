@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kEdgeThreads) cp_edge_kernel(const __grid_cons
 
 namespace metrale::cuda {
 
-void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* records, Stream stream) {
+void cp_edge_states(const AttnArgs& a, const cp::EdgeSlice* edges, float* records, Stream stream) {
   METRALE_CHECK_ARG(a.num_seqs >= 0, "num_seqs", a.num_seqs, ">= 0");
   if (a.num_seqs == 0) return;
   detail::validate_cache_view(a.cache);
@@ -124,11 +124,15 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* reco
   detail::check_launch("cp_edge_kernel");
 }
 
-void cp_rank_states(const cp::CpLayout& L, const DecodeArgs& a, const cp::EdgeSlice* edges, float* block,
+void cp_rank_states(const cp::CpLayout& L, const AttnArgs& a, const cp::EdgeSlice* edges, float* block,
                     Stream stream) {
   detail::validate_cp_rank_args(L, a);
   if (L.num_seqs == 0) return;
-  paged_decode_attn_splitk(a, cp::rank_splitk_workspace(L, block), stream);
+  const SplitKWorkspace ws = cp::rank_splitk_workspace(L, block);
+  AttnPlanOptions o;  // the rank's split-K states, merged by cp_merge
+  o.num_splits = ws.num_splits;
+  o.merge = SplitMerge::states_only;
+  run_attention(plan_attention(attention_problem(a), attention_target(), o), a, ws, stream);
   if (L.has_edge) cp_edge_states(a, edges, block + L.splitk_floats(), stream);
 }
 
@@ -152,7 +156,7 @@ void cp_merge(const cp::CpLayout& L, const float* gathered, float* merged, bf16*
   }
   ReduceArgs ra{merged, L.merged_floats() * sizeof(float), L.num_seqs, L.num_q_heads, L.head_dim,
                 L.merged_splits(), out};
-  paged_decode_attn_reduce(ra, stream);
+  reduce_states(ra, stream);
 }
 
 }  // namespace metrale::cuda

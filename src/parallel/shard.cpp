@@ -112,11 +112,11 @@ std::vector<RankShard> make_shards(const ShardSpec& spec, const int32_t* block_t
   return out;
 }
 
-DecodeArgs rank_decode_args(const DecodeArgs& global, const RankShard& shard, const int32_t* block_tables,
+AttnArgs rank_decode_args(const AttnArgs& global, const RankShard& shard, const int32_t* block_tables,
                             const int32_t* seq_lens) {
   METRALE_CHECK_ARG(shard.num_seqs == global.num_seqs, "shard.num_seqs", shard.num_seqs,
                     "the batch's num_seqs = " + std::to_string(global.num_seqs));
-  DecodeArgs a = global;
+  AttnArgs a = global;
   a.block_tables = block_tables;
   a.seq_lens = seq_lens;
   a.max_blocks_per_seq = shard.max_blocks_per_seq;
@@ -172,11 +172,11 @@ RunShard make_run_shard(const ShardSpec& spec, int32_t rank, const int32_t* bloc
   return s;
 }
 
-PagedAttnArgs rank_attn_args(const PagedAttnArgs& global, const RunShard& shard, const int32_t* block_tables,
+AttnArgs rank_attn_args(const AttnArgs& global, const RunShard& shard, const int32_t* block_tables,
                              const int32_t* kv_start, const int32_t* kv_lens) {
   METRALE_CHECK_ARG(shard.num_seqs == global.num_seqs, "shard.num_seqs", shard.num_seqs,
                     "the batch's num_seqs = " + std::to_string(global.num_seqs));
-  PagedAttnArgs a = global;
+  AttnArgs a = global;
   a.block_tables = block_tables;
   a.max_blocks_per_seq = shard.max_blocks_per_seq;
   a.kv_start = kv_start;
@@ -184,10 +184,10 @@ PagedAttnArgs rank_attn_args(const PagedAttnArgs& global, const RunShard& shard,
   return a;
 }
 
-CpLayout run_layout(int32_t num_ranks, const PagedAttnArgs& args, int32_t splits_per_rank) {
+CpLayout run_layout(int32_t num_ranks, const AttnArgs& args, int32_t splits_per_rank) {
   CpLayout L;
   L.num_ranks = num_ranks;
-  L.num_seqs = args.num_q_rows;
+  L.num_seqs = args.rows();
   L.num_q_heads = args.num_q_heads;
   L.head_dim = args.cache.layout.head_dim;
   L.splits_per_rank = splits_per_rank;
@@ -196,8 +196,8 @@ CpLayout run_layout(int32_t num_ranks, const PagedAttnArgs& args, int32_t splits
   return L;
 }
 
-CpLayout make_layout(int32_t num_ranks, const DecodeArgs& args, int32_t splits_per_rank, bool has_edge) {
-  CpLayout L = run_layout(num_ranks, attn_args(args), splits_per_rank);  // decode: a row per sequence
+CpLayout make_layout(int32_t num_ranks, const AttnArgs& args, int32_t splits_per_rank, bool has_edge) {
+  CpLayout L = run_layout(num_ranks, args, splits_per_rank);  // decode: a row per sequence
   L.has_edge = has_edge;
   L.validate();
   return L;
@@ -207,7 +207,7 @@ CpLayout make_layout(int32_t num_ranks, const DecodeArgs& args, int32_t splits_p
 
 namespace metrale::detail {
 
-void validate_cp_rank_args(const cp::CpLayout& L, const DecodeArgs& a) {
+void validate_cp_rank_args(const cp::CpLayout& L, const AttnArgs& a) {
   L.validate();
   METRALE_CHECK_ARG(a.num_seqs == L.num_seqs && a.num_q_heads == L.num_q_heads && a.cache.layout.head_dim == L.head_dim,
                     "rank_args", "shape", "the layout's num_seqs, num_q_heads and head_dim");
@@ -230,7 +230,7 @@ float cache_elem(const KvCacheView& c, bool is_k, int32_t page, int32_t t, int32
                    is_k ? f.k_scale(c.scales) : f.v_scale(c.scales));
 }
 
-void check_rank_args(const DecodeArgs& a, const void* edges, const float* records) {
+void check_rank_args(const AttnArgs& a, const void* edges, const float* records) {
   METRALE_CHECK_ARG(a.num_seqs >= 0, "num_seqs", a.num_seqs, ">= 0");
   if (a.num_seqs == 0) return;
   METRALE_CHECK_ARG(a.q && a.cache.k && a.cache.v, "q/cache", "null", "non-null pointers");
@@ -242,7 +242,7 @@ void check_rank_args(const DecodeArgs& a, const void* edges, const float* record
 }
 }  // namespace
 
-void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* rec) {
+void cp_edge_states(const AttnArgs& a, const cp::EdgeSlice* edges, float* rec) {
   check_rank_args(a, edges, rec);
   const int32_t D = a.cache.layout.head_dim, H = a.num_q_heads;
   const int32_t group = H / a.cache.layout.num_kv_heads;
@@ -283,10 +283,14 @@ void cp_edge_states(const DecodeArgs& a, const cp::EdgeSlice* edges, float* rec)
   }
 }
 
-void cp_rank_states(const cp::CpLayout& L, const DecodeArgs& a, const cp::EdgeSlice* edges, float* block) {
+void cp_rank_states(const cp::CpLayout& L, const AttnArgs& a, const cp::EdgeSlice* edges, float* block) {
   detail::validate_cp_rank_args(L, a);
   if (L.num_seqs == 0) return;
-  paged_decode_attn_splitk(a, cp::rank_splitk_workspace(L, block));
+  const SplitKWorkspace ws = cp::rank_splitk_workspace(L, block);
+  AttnPlanOptions o;  // the rank's split-K states, merged by cp_merge
+  o.num_splits = ws.num_splits;
+  o.merge = SplitMerge::states_only;
+  run_attention(plan_attention(attention_problem(a), attention_target(), o), a, ws);
   if (L.has_edge) cp_edge_states(a, edges, block + L.splitk_floats());
 }
 
@@ -306,7 +310,7 @@ void cp_merge(const cp::CpLayout& L, const float* gathered, float* merged, bf16*
   }
   ReduceArgs ra{merged, L.merged_floats() * sizeof(float), L.num_seqs, L.num_q_heads, L.head_dim,
                 L.merged_splits(), out};
-  paged_decode_attn_reduce(ra);
+  reduce_states(ra);
 }
 
 }  // namespace metrale::cpu

@@ -3,11 +3,12 @@
 #pragma once
 
 #include "metrale/plan.hpp"
+#include "plan/tuning.hpp"
 
 namespace metrale::detail {
 
-// plan_decode after the problem's checks; `problem` must be valid.
-DecodePlan decide_decode_plan(const DecodeProblem& problem, const DecodeTarget& target,
-                              const DecodePlanOptions& options);
+// plan_attention after the problem's checks; `problem` must be valid.
+AttnPlan decide_plan(const AttnProblem& problem, const AttnTarget& target, const AttnPlanOptions& options,
+                     const TuningOptions& tuning);
 
 }  // namespace metrale::detail

@@ -4,7 +4,7 @@
 #include <cstdio>
 int main() {
   auto layout = metrale::KvCacheLayout::nvfp4(1024, 16, 8, 128);
-  metrale::DecodeProblem p{4, 32, layout, 4096, 0};
-  auto plan = metrale::plan_decode(p, metrale::cpu::decode_target());
+  metrale::AttnProblem p{4, 32, layout, 4096, 0};
+  auto plan = metrale::plan_attention(p, metrale::cpu::attention_target());
   std::printf("installed metrale: splits %d, bytes/token %.0f, gpu %d\n", plan.num_splits, layout.kv_bytes_per_token(), int(metrale::cuda::available()));
 }

@@ -50,7 +50,7 @@ TEST(ContextParallelNccl, EveryRankGetsTheFullOutput) {
           c.seq_lens = {0, 1, 17, 100, 1000, 5000};
           c.sliding_window = W;
           const HostProblem hp = make_problem(c, seed + uint64_t(iter++));
-          const std::vector<double> ref = reference_decode(hp);
+          const std::vector<double> ref = reference_attention(hp);
           const cp::ShardSpec spec{kind, R, 0};
           std::vector<RankOut> outs(devs.size());
           std::vector<std::thread> threads;
@@ -60,7 +60,7 @@ TEST(ContextParallelNccl, EveryRankGetsTheFullOutput) {
                 METRALE_CUDA_OK(cudaSetDevice(r));
                 DeviceProblem dp(hp);
                 dp.poison_out();
-                const DecodeArgs global = dp.args();
+                const AttnArgs global = dp.args();
                 const cp::RankShard s = cp::make_rank_shard(spec, r, hp.block_tables.data(), hp.max_blocks_per_seq,
                                                             hp.seq_lens.data(), hp.num_seqs(), c.block_size, W);
                 DeviceBuffer<int32_t> tables(s.block_tables), lens(s.seq_lens);

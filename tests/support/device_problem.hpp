@@ -27,7 +27,7 @@ class DeviceProblem {
       : host_(p), k_(p.k_cache), v_(p.v_cache), q_(p.q), tables_(p.block_tables), lens_(p.seq_lens),
         out_(p.out_elems()) {}
 
-  DecodeArgs args() { return host_.device_args(q_.get(), k_.get(), v_.get(), tables_.get(), lens_.get(), out_.get()); }
+  AttnArgs args() { return host_.device_args(q_.get(), k_.get(), v_.get(), tables_.get(), lens_.get(), out_.get()); }
   void poison_out() { out_.fill_bytes(0xFF); }
   std::vector<bf16> download_out() const { return out_.download(); }
   // No kernel wrote around any buffer, and the read-only inputs are unchanged.

@@ -50,9 +50,9 @@ KvCacheView HostProblem::cache_view() const {
   return v;
 }
 
-DecodeArgs HostProblem::device_args(const bf16* q_, void* k_, void* v_, const int32_t* tables_,
+AttnArgs HostProblem::device_args(const bf16* q_, void* k_, void* v_, const int32_t* tables_,
                                     const int32_t* lens_, bf16* out) const {
-  DecodeArgs a;
+  AttnArgs a;
   a.q = q_;
   a.q_stride = q_stride;
   a.num_seqs = num_seqs();
@@ -70,7 +70,7 @@ DecodeArgs HostProblem::device_args(const bf16* q_, void* k_, void* v_, const in
   return a;
 }
 
-DecodeArgs HostProblem::args(bf16* out) const {
+AttnArgs HostProblem::args(bf16* out) const {
   return device_args(q.data(), const_cast<uint8_t*>(k_cache.data()), const_cast<uint8_t*>(v_cache.data()),
                      block_tables.data(), seq_lens.data(), out);
 }
@@ -112,7 +112,7 @@ void poison_cache(HostProblem& p, char which, int32_t seq, int32_t pos, int32_t 
   }
 }
 
-std::vector<double> reference_decode(const HostProblem& p) { return reference_decode(p.args(nullptr)); }
+std::vector<double> reference_attention(const HostProblem& p) { return reference_attention(p.args(nullptr)); }
 
 HostProblem make_problem(const DecodeCase& c, uint64_t seed) {
   if (c.q_stride_pad % 8 || c.kv_row_pad % 8 || c.page_pad_bytes % 16 || c.q_stride_pad < 0 || c.kv_row_pad < 0 ||

@@ -5,8 +5,8 @@
 // pages, block tables whose unused entries hold INVALID page ids (so a kernel
 // that reads outside the attended range is caught), q rows with a stride,
 // and the scales. GPU tests upload k_cache / v_cache / q / block_tables /
-// seq_lens, build their DecodeArgs with device_args(), run the kernel and
-// check the download with compare_decode(out, reference_decode(p), ...).
+// seq_lens, build their AttnArgs with device_args(), run the kernel and
+// check the download with compare_decode(out, reference_attention(p), ...).
 #pragma once
 
 #include <cstdint>
@@ -62,11 +62,11 @@ struct HostProblem {
 
   // Host pointers into this object's vectors.
   KvCacheView cache_view() const;
-  DecodeArgs args(bf16* out) const;
+  AttnArgs args(bf16* out) const;
   CacheWriteArgs write_args() const;
 
   // The same arguments on other memory (device copies of the vectors above).
-  DecodeArgs device_args(const bf16* q, void* k_cache, void* v_cache, const int32_t* block_tables,
+  AttnArgs device_args(const bf16* q, void* k_cache, void* v_cache, const int32_t* block_tables,
                          const int32_t* seq_lens, bf16* out) const;
   CacheWriteArgs device_write_args(const bf16* key, const bf16* value, const int64_t* slot_mapping,
                                    void* k_cache, void* v_cache, int32_t* skipped = nullptr) const;
@@ -76,7 +76,7 @@ HostProblem make_problem(const DecodeCase& c, uint64_t seed);
 
 // The float64 reference (testing/reference.hpp) over p's cache: what every
 // decode of p must match (compare_decode).
-std::vector<double> reference_decode(const HostProblem& p);
+std::vector<double> reference_attention(const HostProblem& p);
 
 // Writes a NaN into the cache element (seq, pos, kv head h, d) of K
 // (`which` 'k') or V ('v'); for nvfp4 into the scale of d's group (E2M1

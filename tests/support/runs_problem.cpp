@@ -24,8 +24,8 @@ void expect_lse_match(const std::vector<double>& ref, const std::vector<float>& 
 
 RunsReference runs_reference(const RunsProblem& rp) {
   RunsReference ref;
-  const PagedAttnArgs a = rp.args(nullptr);
-  ref.out = attention_runs_f64(a, cache_rows(a), &ref.lse);
+  const AttnArgs a = rp.args(nullptr);
+  ref.out = attention_f64(a, cache_rows(a), &ref.lse);
   return ref;
 }
 
@@ -61,7 +61,7 @@ void expect_rows_match(const RunsProblem& rp, const std::vector<int32_t>& rows, 
     std::copy_n(out.begin() + ptrdiff_t(r) * Hq * D, size_t(Hq) * D, got.begin() + ptrdiff_t(i) * Hq * D);
     if (lse) std::copy_n(lse->begin() + ptrdiff_t(r) * Hq, Hq, got_lse.begin() + ptrdiff_t(i) * Hq);
   }
-  PagedAttnArgs a = rp.args(nullptr);
+  AttnArgs a = rp.args(nullptr);
   a.q = q.data();
   a.q_start = q_start.data();
   a.num_seqs = m;
@@ -69,7 +69,7 @@ void expect_rows_match(const RunsProblem& rp, const std::vector<int32_t>& rows, 
   a.block_tables = tables.data();
   a.seq_lens = lens.data();
   std::vector<double> ref_lse;
-  const std::vector<double> ref = attention_runs_f64(a, cache_rows(a), &ref_lse);
+  const std::vector<double> ref = attention_f64(a, cache_rows(a), &ref_lse);
   const Comparison cmp = compare_decode(got.data(), ref, m, Hq, D);
   EXPECT_TRUE(cmp.ok) << what << " (" << m << " sampled rows): " << cmp.report;
   if (lse) expect_lse_match(ref_lse, got_lse, what + " (sampled rows)");

@@ -1,6 +1,6 @@
 // Query runs (SYSTEM.md 8) over a random problem's cache, shared by the CPU
 // and GPU tests: ragged runs of random q rows, sinks, soft-cap, and the
-// comparison with the float64 reference (testing/attention_runs_f64).
+// comparison with the float64 reference (testing/attention_f64).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -47,8 +47,8 @@ struct RunsProblem {
     for (bf16& x : q) x = codec::float_to_bf16(u(rng));
   }
   int32_t rows() const { return q_start.back(); }
-  PagedAttnArgs args(bf16* out, float* lse = nullptr) const {
-    PagedAttnArgs a;
+  AttnArgs args(bf16* out, float* lse = nullptr) const {
+    AttnArgs a;
     a.q = q.data();
     a.q_stride = q_stride;
     a.q_start = q_start.data();
@@ -84,7 +84,7 @@ inline std::vector<int32_t> random_runs(const std::vector<int32_t>& lens, int32_
   return runs;
 }
 
-// The float64 reference of rp's runs (testing/attention_runs_f64): outputs
+// The float64 reference of rp's runs (testing/attention_f64): outputs
 // and lse. A test that runs several kernels or plans on one problem computes
 // it once, after its last change to rp.
 struct RunsReference {

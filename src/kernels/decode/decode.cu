@@ -1,6 +1,6 @@
-// Host side of the CUDA decode: the target the planner plans for, the plan's
-// DecodeArgs -> DecodeParams, the one dispatch over formats, and the three
-// entry points (run_decode and the forced single-pass and split-K plans).
+// Host side of the CUDA attention: the target the planner plans for, the
+// plan's AttnArgs -> kernel params, the one dispatch over formats and
+// kernels, and the entry point run_attention.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -51,7 +51,7 @@ int32_t num_sms(int32_t dev) {
 // kernel addresses bytes inside a page with 32-bit offsets (the NVFP4 scale
 // section starts data_section_bytes in, which the layout leaves open); a
 // plan whose kernel serves the arguments' options.
-void validate_addressable(const PagedAttnArgs& a) {
+void validate_addressable(const AttnArgs& a) {
   if (a.kv_start != nullptr || a.kv_lens != nullptr)
     detail::throw_unsupported("kv_start", "a shard view",
                               "none on the CUDA backend yet (the CPU backend serves context-parallel query runs)");
@@ -59,17 +59,18 @@ void validate_addressable(const PagedAttnArgs& a) {
   METRALE_CHECK_ARG(L.data_section_bytes < (int64_t(1) << 30), "layout.data_section_bytes", L.data_section_bytes,
                     "< 2^30 on the CUDA backend (32-bit offsets inside a page)");
 }
-void validate_plan_kernel(const DecodePlan& plan, const PagedAttnArgs& a) {
+void validate_plan_kernel(const AttnPlan& plan, const AttnArgs& a) {
   const bool options = a.sinks != nullptr || a.softcap > 0.0f || a.lse != nullptr;
-  if ((options || a.q_start != nullptr) && !plan.kernel().runs)
+  if ((options || a.q_start != nullptr) && !plan.kernel_id().runs)
     detail::throw_invalid("plan", "a decode plan",
-                          "a plan of decode_problem(args) (query runs, sinks, soft-cap or lse take the runs kernel)");
+                          "a plan of attention_problem(args) (query runs, sinks, soft-cap or lse take the runs kernel)");
 }
 
 // The plan's arguments for the kernel: validated `a` (and, for the
 // workspace merge, `workspace`).
-RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* workspace) {
+RunParams make_params(const AttnPlan& plan, const AttnArgs& a, float* workspace) {
   const KvCacheLayout& L = a.cache.layout;
+  const bool writes_records = plan.merge == SplitMerge::workspace || plan.merge == SplitMerge::states_only;
   RunParams p{};
   p.q = a.q;
   p.q_stride = a.q_stride;
@@ -83,9 +84,9 @@ RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* wor
   p.max_blocks_per_seq = a.max_blocks_per_seq;
   p.seq_lens = a.seq_lens;
   p.num_q_heads = a.num_q_heads;
-  p.num_kv_heads = plan.kv_units;
-  p.group = plan.unit_group;
-  p.head_tiles = plan.head_tiles;
+  p.num_kv_heads = plan.launch.kv_units;
+  p.group = plan.launch.unit_group;
+  p.head_tiles = plan.launch.head_tiles;
   p.block_size = L.block_size;
   p.sliding_window = a.sliding_window;
   // The per-tensor scales and the operand factor (metrale/format.hpp).
@@ -94,26 +95,26 @@ RunParams make_params(const DecodePlan& plan, const PagedAttnArgs& a, float* wor
   p.qk_log2_scale = a.sm_scale * kLog2e * (f.k_scale(a.cache.scales) * f.operand_factor);
   p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
   p.q_start = a.q_start;
-  p.tile_band = plan.tile_band;
+  p.tile_band = plan.launch.tile_band;
   p.sinks = a.sinks;
   if (a.softcap > 0.0f) {
     p.softcap_scale = a.sm_scale * (f.k_scale(a.cache.scales) * f.operand_factor) / a.softcap;
     p.softcap_log2 = a.softcap * kLog2e;
   }
-  p.lse = plan.merge == DecodeMerge::workspace ? nullptr : a.lse;
+  p.lse = writes_records ? nullptr : a.lse;
   p.num_splits = plan.num_splits;
-  p.cluster_merge = plan.merge == DecodeMerge::cluster;
-  // The workspace merge writes only the records; the others write `out`.
-  p.out = plan.merge == DecodeMerge::workspace ? nullptr : a.out;
-  p.workspace = plan.merge == DecodeMerge::workspace ? workspace : nullptr;
-  if (plan.load_path == DecodeLoadPath::tma) {
+  p.cluster_merge = plan.merge == SplitMerge::cluster;
+  // The workspace merges write only the records; the others write `out`.
+  p.out = writes_records ? nullptr : a.out;
+  p.workspace = writes_records ? workspace : nullptr;
+  if (plan.launch.load_path == detail::LoadPath::tma) {
     // The maps are bound to the cache's base pointers, which change from
     // layer to layer, so they are encoded per call (host work only; a
     // graph replay repeats none of it). Paired heads: the maps see a row
     // of head_dim 128 per head pair, so one 128-byte box spans both heads'
     // rows (decode_kernel.cuh, k_vector).
     KvCacheLayout map_layout = L;
-    if (plan.pair_kv_heads) {
+    if (plan.launch.pair_kv_heads) {
       map_layout.head_dim *= 2;
       map_layout.num_kv_heads /= 2;
     }
@@ -135,23 +136,23 @@ kernels::PrefillLaunch prefill_kernels(KvFormat format) {
 
 // The plan's decode kernel over validated arguments (records only, for the
 // workspace merge).
-void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspace, Stream stream) {
-  if (plan.prefill) {
+void launch_plan(const AttnPlan& plan, const AttnArgs& a, float* workspace, Stream stream) {
+  if (plan.kernel == AttnKernel::prefill) {
     METRALE_CHECK_ARG(a.num_seqs <= geometry::kPrefillMaxGridYZ, "num_seqs", a.num_seqs,
                       "<= 65535 for the prefill kernel (its grid's y)");
     // One CTA per (kv head x split, sequence, tile of a run's rows): in
     // bands (tile_band > 0), the order prefill_kernel.cuh's prefill_item
     // gives a one-dimensional grid, else the grid (units, sequences, tiles).
-    const unsigned units = unsigned(plan.kv_units * plan.num_splits);
-    dim3 grid(units, unsigned(a.num_seqs), unsigned(plan.head_tiles));
-    if (plan.tile_band > 0) {
-      const int64_t ctas = int64_t(units) * a.num_seqs * plan.head_tiles;
+    const unsigned units = unsigned(plan.launch.kv_units * plan.num_splits);
+    dim3 grid(units, unsigned(a.num_seqs), unsigned(plan.launch.head_tiles));
+    if (plan.launch.tile_band > 0) {
+      const int64_t ctas = int64_t(units) * a.num_seqs * plan.launch.head_tiles;
       METRALE_CHECK_ARG(ctas <= detail::kMaxGridX, "num_seqs", a.num_seqs,
                         "num_seqs * num_kv_heads * splits * row tiles <= 2^31-1 (the prefill kernel's grid)");
       grid = dim3(unsigned(ctas));
     }
     const RunParams p = make_params(plan, a, workspace);
-    prefill_kernels(plan.problem.layout.format)(p, plan.kernel(), grid, stream);
+    prefill_kernels(plan.problem.layout.format)(p, plan.kernel_id(), grid, stream);
     return;
   }
   const int64_t grid_x = plan.grid_x(a.num_seqs);
@@ -159,83 +160,35 @@ void launch_plan(const DecodePlan& plan, const PagedAttnArgs& a, float* workspac
                     "num_seqs * num_kv_heads * ceil(group/8) <= 2^31-1 (grid limit)");
   const RunParams p = make_params(plan, a, workspace);
   format_kernels(plan.problem.layout.format)
-      .launch(p, plan.kernel(), grid_x, plan.merge == DecodeMerge::cluster ? plan.num_splits : 1, stream);
+      .launch(p, plan.kernel_id(), grid_x, plan.merge == SplitMerge::cluster ? plan.num_splits : 1, stream);
 }
 
-// The forced plans: one split (single pass), or ws.num_splits splits merged
-// through the workspace, without the reduce.
-DecodePlan forced_plan(const PagedAttnArgs& args, int32_t num_splits, DecodeMerge merge) {
-  DecodePlanOptions o;
-  o.num_splits = num_splits;
-  o.merge = merge;
-  return detail::decide_decode_plan(decode_problem(args), decode_target(), o);
-}
-
-void single_pass(const PagedAttnArgs& args, Stream stream) {
-  validate_addressable(args);
-  if (args.num_seqs == 0) return;
-  launch_plan(forced_plan(args, 1, DecodeMerge::single_pass), args, nullptr, stream);
-}
-
-void split_pass(const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
-  validate_addressable(args);
-  if (args.num_seqs == 0) return;
-  launch_plan(forced_plan(args, ws.num_splits, DecodeMerge::workspace), args, ws.data, stream);
-}
-
-void run_plan(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
+void run_plan(const AttnPlan& plan, const AttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
   validate_addressable(args);
   validate_plan_kernel(plan, args);
   if (args.num_seqs == 0) return;
   launch_plan(plan, args, ws.data, stream);
-  if (plan.merge == DecodeMerge::workspace) kernels::launch_splitk_reduce(reduce_args_for(args, ws), stream);
+  if (plan.merge == SplitMerge::workspace) kernels::launch_splitk_reduce(reduce_args_for(args, ws), stream);
 }
 
 }  // namespace
 
-DecodeTarget decode_target() {
+AttnTarget attention_target() {
   const int32_t dev = current_device();
-  DecodeTarget t;
+  AttnTarget t;
   t.num_sms = num_sms(dev);
   int l2 = 0;
   detail::cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute");
   t.l2_bytes = l2;
   t.tma = kernels::tma_encoder_available();
-  t.resident_clusters = [](const DecodeKernelId& id, int32_t n) {
+  t.resident_clusters = [](const detail::KernelId& id, int32_t n) {
     return format_kernels(id.format).resident_clusters(id, n);
   };
   return t;
 }
 
-void paged_decode_attn(const DecodeArgs& args, Stream stream) {
-  detail::validate_decode(args);
-  single_pass(attn_args(args), stream);
-}
-
-void paged_decode_attn_splitk(const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
-  detail::validate_decode(args, /*writes_out=*/false);
-  detail::validate_workspace(attn_args(args), ws);
-  split_pass(attn_args(args), ws, stream);
-}
-
-void run_decode(const DecodePlan& plan, const DecodeArgs& args, const SplitKWorkspace& ws, Stream stream) {
-  detail::validate_run(plan, attn_args(args), ws);  // everything, `out` included, before any launch
-  run_plan(plan, attn_args(args), ws, stream);
-}
-
-void paged_attn(const PagedAttnArgs& args, Stream stream) {
-  detail::validate_attn(args);
-  single_pass(args, stream);
-}
-
-void paged_attn_splitk(const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
-  detail::validate_attn(args, /*writes_out=*/false);
-  detail::validate_workspace(args, ws);
-  split_pass(args, ws, stream);
-}
-
-void run_attn(const DecodePlan& plan, const PagedAttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
-  detail::validate_run(plan, args, ws);
+void run_attention(const AttnPlan& plan, const AttnArgs& args, const SplitKWorkspace& ws, Stream stream) {
+  detail::validate_run(plan, args, ws);  // everything, `out` included, before any launch
   run_plan(plan, args, ws, stream);
 }
 

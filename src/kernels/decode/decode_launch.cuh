@@ -1,4 +1,4 @@
-// Launch of the decode-kernel instantiation a plan names (DecodeKernelId:
+// Launch of the decode-kernel instantiation a plan names (detail::KernelId:
 // format x head_dim x load path x pairing). Each format has its own
 // translation unit (decode_<format>.cu) so they compile in parallel;
 // decode.cu dispatches to them. Nothing here decides: the plan has.
@@ -39,7 +39,7 @@ struct DecodeInstance {
 // at 256 with head_dim split over teams of two warps and two column tiles
 // (geometry::runs_can_split_head_dim).
 template <class Fmt, bool kTma, class F>
-void with_decode_head_dim(const DecodeKernelId& id, F&& f) {
+void with_decode_head_dim(const detail::KernelId& id, F&& f) {
   static_assert(geometry::kMaxRunsColTiles == 2, "the column tiles instantiated below");
   if (id.runs && id.head_dim_parts == 2) {
     if constexpr (Fmt::kScaled && !kTma) {
@@ -70,8 +70,8 @@ void with_decode_head_dim(const DecodeKernelId& id, F&& f) {
                             "NVFP4 256 for head_dim parts)");
 }
 template <class Fmt, class F>
-void with_decode_instance(const DecodeKernelId& id, F&& f) {
-  if (id.load_path == DecodeLoadPath::tma) {
+void with_decode_instance(const detail::KernelId& id, F&& f) {
+  if (id.load_path == detail::LoadPath::tma) {
     if constexpr (!Fmt::kScaled) return with_decode_head_dim<Fmt, true>(id, f);
     detail::throw_unsupported("load_path", "tma", "registers for a scaled format");
   }
@@ -81,7 +81,7 @@ void with_decode_instance(const DecodeKernelId& id, F&& f) {
 // Launches the plan's kernel over grid (grid_x, p.num_splits); cluster > 1:
 // clusters of that many split CTAs, which merge in-kernel.
 template <class Fmt>
-void launch_decode(const RunParams& p, const DecodeKernelId& id, int64_t grid_x, int32_t cluster,
+void launch_decode(const RunParams& p, const detail::KernelId& id, int64_t grid_x, int32_t cluster,
                    cudaStream_t stream) {
   with_decode_instance<Fmt>(id, [&](auto inst) {
     using I = decltype(inst);
@@ -98,7 +98,7 @@ void launch_decode(const RunParams& p, const DecodeKernelId& id, int64_t grid_x,
 // holds at once (cudaOccupancyMaxActiveClusters; 0 where it cannot launch
 // them), asked once per instantiation and n.
 template <class Fmt>
-int64_t resident_decode_clusters(const DecodeKernelId& id, int32_t n) {
+int64_t resident_decode_clusters(const detail::KernelId& id, int32_t n) {
   if (n < 2 || n > geometry::kMaxClusterSplits) return 0;
   int64_t result = 0;
   with_decode_instance<Fmt>(id, [&](auto inst) {
@@ -122,9 +122,9 @@ int64_t resident_decode_clusters(const DecodeKernelId& id, int32_t n) {
 
 // The per-format translation units (decode_<format>.cu).
 struct DecodeFormatKernels {
-  void (*launch)(const RunParams& p, const DecodeKernelId& id, int64_t grid_x, int32_t cluster,
+  void (*launch)(const RunParams& p, const detail::KernelId& id, int64_t grid_x, int32_t cluster,
                  cudaStream_t stream);
-  int64_t (*resident_clusters)(const DecodeKernelId& id, int32_t n);
+  int64_t (*resident_clusters)(const detail::KernelId& id, int32_t n);
 };
 extern const DecodeFormatKernels kDecodeBf16Kernels, kDecodeFp8Kernels, kDecodeNvfp4Kernels;
 

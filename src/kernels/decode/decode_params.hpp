@@ -1,4 +1,4 @@
-// Device parameters of the paged decode kernel: the user's DecodeArgs and
+// Device parameters of the paged decode kernel: the user's AttnArgs and
 // the plan's decisions converted once (factors folded, layout flattened),
 // passed by value. Which instantiation runs (format, head_dim, load path,
 // pairing) is the plan's and not repeated here.
@@ -62,7 +62,7 @@ struct RunParams : DecodeParams {
   float softcap_scale;       // soft-cap c > 0: sm_scale * K factor / c (x = softcap_log2 * tanh(s * this))
   float softcap_log2;        // c * log2(e); 0: no soft-cap
   float* lse;                // [rows, num_q_heads] of the single pass, or null
-  int32_t tile_band;         // the prefill kernel's launch order: row tiles per band (plan.tile_band)
+  int32_t tile_band;         // the prefill kernel's launch order: row tiles per band (plan.launch.tile_band)
 };
 
 template <bool kRuns>

@@ -173,7 +173,7 @@ void launch_splitk_reduce(const ReduceArgs& args, cudaStream_t stream) {
 
 namespace metrale::cuda {
 
-void paged_decode_attn_reduce(const ReduceArgs& args, Stream stream) {
+void reduce_states(const ReduceArgs& args, Stream stream) {
   detail::validate_reduce(args);
   kernels::launch_splitk_reduce(args, stream);
 }

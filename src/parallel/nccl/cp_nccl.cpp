@@ -33,7 +33,7 @@ void cp_all_gather(const cp::CpLayout& L, int32_t rank, float* gathered, ncclCom
              "ncclAllGather");
 }
 
-void cp_decode(const cp::CpLayout& L, int32_t rank, const DecodeArgs& rank_args, const cp::EdgeSlice* edges,
+void cp_decode(const cp::CpLayout& L, int32_t rank, const AttnArgs& rank_args, const cp::EdgeSlice* edges,
                float* gathered, float* merged, ncclComm* comm, cuda::Stream stream) {
   L.validate();
   METRALE_CHECK_ARG(rank >= 0 && rank < L.num_ranks, "rank", rank, "in [0, L.num_ranks)");
