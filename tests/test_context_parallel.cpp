@@ -50,7 +50,7 @@ std::vector<bf16> run_cp_cpu(const HostProblem& hp, const cp::ShardSpec& spec, i
   std::vector<float> gathered(L.gathered_floats(), kNaN), merged(L.merged_floats(), kNaN);
   for (int32_t r = 0; r < spec.num_ranks; ++r) {
     const cp::RankShard& s = shards[size_t(r)];
-    const AttnArgs ra = cp::rank_decode_args(global, s, s.block_tables.data(), s.seq_lens.data());
+    const AttnArgs ra = cp::rank_attn_args(global, s, s.block_tables.data(), s.seq_lens.data());
     std::vector<float> block(L.rank_floats(), kNaN);  // the rank's own buffer (its GPU)
     cpu::cp_rank_states(L, ra, s.edges.data(), block.data());
     // "ncclAllGather": rank r's block lands at offset r * rank_floats on every rank.
@@ -98,6 +98,7 @@ DecodeCase random_case(std::mt19937_64& rng) {
   c.seq_lens = interesting_lengths(c.block_size, max_len, int32_t(pick(rng, 1, 3, 6)), rng());
   c.sliding_window = int32_t(pick(rng, 0, 0, 1, 5, 37, 100, 256));
   c.q_stride_pad = 8 * int64_t(rng() % 2);
+  c.q_head_major = rng() % 3 == 0;  // q as transformers hands it at batch 1
   c.page_pad_bytes = 16 * int64_t(rng() % 2);
   if (c.format == KvFormat::nvfp4) c.k_global_scale = c.v_global_scale = (rng() % 2) ? 1.0f : -1.0f;
   return c;
@@ -329,7 +330,7 @@ std::vector<bf16> run_cp_gpu(const HostProblem& hp, DeviceProblem& dp, const cp:
     DeviceBuffer<int32_t> tables(s.block_tables), lens(s.seq_lens);
     DeviceBuffer<cp::EdgeSlice> edges(s.edges);
     DeviceBuffer<float> block(L.rank_floats());
-    const AttnArgs ra = cp::rank_decode_args(global, s, tables.get(), lens.get());
+    const AttnArgs ra = cp::rank_attn_args(global, s, tables.get(), lens.get());
     cuda::cp_rank_states(L, ra, edges.get(), block.get());
     METRALE_CUDA_OK(cudaMemcpy(gathered.get() + size_t(r) * L.rank_floats(), block.get(), block.bytes(),
                                cudaMemcpyDeviceToDevice));

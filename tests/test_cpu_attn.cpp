@@ -32,6 +32,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
     c.group = int32_t(pick(rng, 1, 4, 8));
     c.block_size = int32_t(pick(rng, 16, 32));
     c.sliding_window = int32_t(pick(rng, 0, 0, 7, 40));
+    c.q_head_major = rng() % 3 == 0;
     c.seq_lens = {int32_t(1 + rng() % 90), int32_t(rng() % 3), int32_t(17 + rng() % 200), 1};
     RunsProblem rp(c, random_runs(c.seq_lens, int32_t(pick(rng, 1, 4, 16, 300)), rng), rng());
     if (rng() % 2) rp.sinks = random_sinks(c.num_q_heads(), rng);
@@ -92,6 +93,7 @@ TEST(CpuAttn, RowsAreTheDecodesOfTheirPrefixes) {
     d.sliding_window = ones.sliding_window;
     d.q = ones.q.data();
     d.q_stride = ones.q_stride;
+    d.q_head_stride = ones.q_head_stride;
     test::cpu_single_pass(d);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << to_string(f) << " q_len 1 " << i;
 
@@ -109,6 +111,7 @@ TEST(CpuAttn, RowsAreTheDecodesOfTheirPrefixes) {
         pd.num_seqs = 1;
         pd.q = rp.q.data() + size_t(row) * rp.q_stride;
         pd.q_stride = rp.q_stride;
+        pd.q_head_stride = rp.q_head_stride;
         pd.block_tables = rp.p.block_tables.data() + size_t(s) * rp.p.max_blocks_per_seq;
         pd.seq_lens = len.data();
         pd.sliding_window = rp.sliding_window;

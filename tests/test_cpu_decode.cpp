@@ -99,6 +99,7 @@ DecodeCase random_case(std::mt19937_64& rng, KvFormat f, int32_t D, int32_t B) {
   c.seq_lens = interesting_lengths(B, max_len, 5, rng());
   c.sliding_window = pick<int32_t>(rng, {0, 0, int32_t(1 + rng() % 24), int32_t(B + rng() % (2 * B)), 100000});
   c.q_stride_pad = pick<int64_t>(rng, {0, 8, 24});
+  c.q_head_major = rng() % 3 == 0;  // q as transformers hands it at batch 1
   c.kv_row_pad = pick<int64_t>(rng, {0, 16});
   c.page_pad_bytes = pick<int64_t>(rng, {0, 16, 48});
   c.outlier_channels = rng() % 4 != 0;

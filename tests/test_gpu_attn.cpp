@@ -12,6 +12,7 @@
 
 #include "testing/forced_plans.hpp"
 #include "metrale/cuda.hpp"
+#include "metrale/error.hpp"
 #include "support/device_problem.hpp"
 #include "support/runs_problem.hpp"
 #include "testing/device_buffer.hpp"
@@ -93,6 +94,7 @@ TEST(GpuAttn, RaggedRunsMatchTheFloat64Reference) {
     c.block_size = int32_t(pick(rng, 16, 32, 64));
     c.sliding_window = int32_t(pick(rng, 0, 0, 9, 100));
     c.q_stride_pad = 8 * int64_t(rng() % 2);
+    c.q_head_major = rng() % 3 == 0;  // q as transformers hands it at batch 1
     const int32_t max_run = int32_t(pick(rng, 1, 2, 4, 8, 16, 16, 70));
     c.seq_lens = {int32_t(1 + rng() % 300), int32_t(rng() % 3), int32_t(16 + rng() % 2000), 1, int32_t(rng() % 40)};
     RunsProblem rp(c, random_runs(c.seq_lens, max_run, rng), rng());
@@ -255,6 +257,7 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
     if (c.group > 8) c.num_kv_heads = 1;  // the float64 reference's time
     c.block_size = int32_t(pick(rng, 16, 32, 64, 128));
     c.sliding_window = int32_t(pick(rng, 0, 0, 0, 77, 600));
+    c.q_head_major = rng() % 3 == 0;
     // Prompts (run = length), chunks over prefixes, a one-row run, an empty one.
     const int32_t n0 = int32_t(17 + rng() % 700), n1 = int32_t(17 + rng() % 400), p1 = int32_t(rng() % 1800);
     const int32_t n2 = int32_t(100 + rng() % 300);
@@ -306,6 +309,7 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     c.group = int32_t(pick(rng, 1, 4, 7));
     c.block_size = int32_t(pick(rng, 16, 64));
     c.sliding_window = int32_t(pick(rng, 0, 0, 4096));
+    c.q_head_major = rng() % 2 == 0;
     const int32_t n0 = int32_t(1024 + rng() % 7169), n1 = int32_t(512 + rng() % 1537), p1 = int32_t(rng() % 30721);
     c.seq_lens = {n0, n1 + p1};
     RunsProblem rp(c, {n0, n1}, rng());
@@ -385,6 +389,24 @@ TEST(GpuAttn, DecodeWithSinksSoftCapAndLse) {
                         &lse);
     }
   }
+}
+
+TEST(GpuAttn, ForcedSplitsOnPrefillSizedRunsAreRefusedBeforeAnyAllocation) {
+  METRALE_SKIP_WITHOUT_GPU();
+  // 130 sequences of up to 4,000 rows, 64 forced splits: a workspace of
+  // 277 GB, refused by the plan (nothing is allocated or launched).
+  AttnProblem p;
+  p.num_seqs = 130;
+  p.num_q_heads = 32;
+  p.layout = KvCacheLayout::bf16(40000, 16, 8, 128);
+  p.max_seq_len = 4000;
+  p.max_q_len = 4000;
+  p.query_runs = true;
+  test::PlanChoices o;
+  o.num_splits = 64;
+  EXPECT_THROW(test::plan_with(p, cuda::attention_target(), o), InvalidArgument);
+  const AttnPlan own = plan_attention(p, cuda::attention_target());
+  EXPECT_LE(own.workspace_bytes, kDefaultMaxWorkspaceBytes);
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ DecodeCase random_case(std::mt19937_64& rng) {
   c.seq_lens = interesting_lengths(c.block_size, max_len, n, rng());
   c.sliding_window = int32_t(pick(rng, 0, 0, 1, 37, 256, 5000));
   c.q_stride_pad = 8 * int64_t(rng() % 3);
+  c.q_head_major = rng() % 3 == 0;  // q as transformers hands it at batch 1
   c.page_pad_bytes = 16 * int64_t(rng() % 3);
   c.outlier_channels = rng() % 4 != 0;
   if (c.format == KvFormat::nvfp4) {
@@ -334,6 +335,7 @@ TEST(GpuDecode, HeadDim64PairsOfKvHeads) {
       c.seq_lens = interesting_lengths(c.block_size, 300, seqs, rng());
       c.sliding_window = int32_t(pick(rng, 0, 0, 100));
       c.q_stride_pad = 8 * int64_t(rng() % 3);
+      c.q_head_major = rng() % 3 == 0;  // q as transformers hands it at batch 1
       c.page_pad_bytes = 16 * int64_t(rng() % 3);
       SCOPED_TRACE(c.describe());
       HostProblem hp = make_problem(c, rng());

@@ -1,4 +1,4 @@
-// The split planner (plan_decode) and the split rule (split_pages,
+// The planner (plan_attention) and the split rule (split_pages,
 // attended_pages): properties every backend relies on.
 #include <gtest/gtest.h>
 
@@ -460,6 +460,63 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
   EXPECT_THROW(test::plan_with(many, gpu_like(1000), o), Unsupported);
   EXPECT_EQ(detail::toggle_from_string("on", "prefill"), detail::Toggle::on);
   EXPECT_THROW(detail::toggle_from_string("yes", "prefill"), InvalidArgument);
+}
+
+TEST(Planner, ForcedSplitsPastTheWorkspaceBoundAreRefusedNamingTheBytes) {
+  // 130 sequences of up to 4,000 rows at 32 q heads, 64 forced splits: 277 GB.
+  AttnProblem p = problem(130, 8, 4, 4000);
+  p.max_q_len = 4000;
+  p.query_runs = true;
+  test::PlanChoices o;
+  o.num_splits = 64;
+  for (const AttnTarget& t : {gpu_like(1000), AttnTarget{kH200Sms, false, 0, {}}}) {
+    try {
+      test::plan_with(p, t, o);
+      FAIL() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("num_splits"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::to_string(splitk_workspace_bytes(p.rows(), 32, 128, 64))), std::string::npos) << what;
+      EXPECT_NE(what.find("max_workspace_bytes"), std::string::npos) << what;
+    }
+  }
+  // A bound of the caller's: forced splits inside it run; the planner's own
+  // choice shrinks to fit (a single pass at the least), never past it.
+  o.max_workspace_bytes = splitk_workspace_bytes(p.rows(), 32, 128, 64);
+  EXPECT_EQ(test::plan_with(p, gpu_like(1000), o).num_splits, 64);
+  for (size_t bound : {size_t(1) << 20, size_t(3) * splitk_workspace_bytes(p.rows(), 32, 128, 1), size_t(0)}) {
+    test::PlanChoices own;
+    own.max_workspace_bytes = bound;
+    own.prefill = detail::Toggle::off;  // the runs kernel splits long contexts
+    const AttnPlan plan = test::plan_with(p, AttnTarget{kH200Sms, false, 0, {}}, own);
+    EXPECT_LE(plan.workspace_bytes, bound ? bound : kDefaultMaxWorkspaceBytes) << bound;
+    EXPECT_EQ(plan.workspace_bytes, plan.merge == SplitMerge::single_pass
+                                        ? 0
+                                        : splitk_workspace_bytes(p.rows(), 32, 128, plan.num_splits));
+  }
+  // states_only plans are sized like forced ones: refused past the bound.
+  test::PlanChoices states;
+  states.merge = SplitMerge::states_only;
+  states.num_splits = 2;
+  states.max_workspace_bytes = 1 << 20;
+  EXPECT_THROW(test::plan_with(p, gpu_like(1000), states), InvalidArgument);
+}
+
+TEST(Planner, QueryRowsDefaultToTheCapacityOfTheRuns) {
+  // num_q_rows 0: num_seqs * max_q_len, so every batch of runs that fits the
+  // problem fits the plan and its workspace.
+  AttnProblem p = problem(2, 8, 4, 4096);
+  p.max_q_len = 8;
+  EXPECT_EQ(p.rows(), 16);
+  test::PlanChoices o;
+  o.num_splits = 4;
+  o.merge = SplitMerge::workspace;
+  EXPECT_EQ(plan_for(p, kH200Sms, o).workspace_bytes, splitk_workspace_bytes(16, 32, 128, 4));
+  p.num_q_rows = 5;
+  EXPECT_EQ(plan_for(p, kH200Sms, o).workspace_bytes, splitk_workspace_bytes(5, 32, 128, 4));
+  p.max_q_len = 1;
+  p.num_q_rows = 0;
+  EXPECT_EQ(p.rows(), 2);  // decode: a row per sequence
 }
 
 TEST(Planner, MoreSmsNeverMeanFewerSplits) {

@@ -62,7 +62,7 @@ struct EdgeSlice {
 
 // One rank's part of a batch, in host memory. Upload block_tables, seq_lens
 // (and edges when the batch has a window) and build the rank's AttnArgs
-// with rank_decode_args().
+// with rank_attn_args().
 struct RankShard {
   int32_t rank = 0;
   int32_t num_seqs = 0;
@@ -86,10 +86,10 @@ std::vector<RankShard> make_shards(const ShardSpec& spec, const int32_t* block_t
                                    const int32_t* seq_lens, int32_t num_seqs, int32_t block_size,
                                    int32_t sliding_window);
 
-// The rank's AttnArgs: `global` (q, heads, sm_scale, out, and the RANK'S
+// The rank's AttnArgs of a decode over page shards: `global` (q, heads, sm_scale, out, and the RANK'S
 // cache view) with the shard's tables/lengths (pointers to the uploaded
 // copies), max_blocks_per_seq from the shard, sliding_window = 0.
-AttnArgs rank_decode_args(const AttnArgs& global, const RankShard& shard, const int32_t* block_tables,
+AttnArgs rank_attn_args(const AttnArgs& global, const RankShard& shard, const int32_t* block_tables,
                             const int32_t* seq_lens);
 
 // Record layout of the exchange. Per rank, one contiguous block of
@@ -161,7 +161,7 @@ CpLayout run_layout(int32_t num_ranks, const AttnArgs& args, int32_t splits_per_
 
 namespace metrale::cpu {
 
-// Rank step 1: the split-K pass of `rank_args` (from rank_decode_args) into
+// Rank step 1: the split-K pass of `rank_args` (from rank_attn_args) into
 // the first part of `rank_block` (L.rank_floats() floats) and, when
 // L.has_edge, the edge pass over `edges` (host, [num_seqs]) into the rest.
 void cp_rank_states(const cp::CpLayout& L, const AttnArgs& rank_args, const cp::EdgeSlice* edges,

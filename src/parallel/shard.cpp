@@ -112,7 +112,7 @@ std::vector<RankShard> make_shards(const ShardSpec& spec, const int32_t* block_t
   return out;
 }
 
-AttnArgs rank_decode_args(const AttnArgs& global, const RankShard& shard, const int32_t* block_tables,
+AttnArgs rank_attn_args(const AttnArgs& global, const RankShard& shard, const int32_t* block_tables,
                             const int32_t* seq_lens) {
   METRALE_CHECK_ARG(shard.num_seqs == global.num_seqs, "shard.num_seqs", shard.num_seqs,
                     "the batch's num_seqs = " + std::to_string(global.num_seqs));
@@ -212,7 +212,7 @@ void validate_cp_rank_args(const cp::CpLayout& L, const AttnArgs& a) {
   METRALE_CHECK_ARG(a.num_seqs == L.num_seqs && a.num_q_heads == L.num_q_heads && a.cache.layout.head_dim == L.head_dim,
                     "rank_args", "shape", "the layout's num_seqs, num_q_heads and head_dim");
   METRALE_CHECK_ARG(a.sliding_window == 0, "rank_args.sliding_window", a.sliding_window,
-                    "0 (the shard already applies the window; use cp::rank_decode_args)");
+                    "0 (the shard already applies the window; use cp::rank_attn_args)");
 }
 
 }  // namespace metrale::detail

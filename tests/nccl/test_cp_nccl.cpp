@@ -69,7 +69,7 @@ TEST(ContextParallelNccl, EveryRankGetsTheFullOutput) {
                 DeviceBuffer<float> gathered(L.gathered_floats()), merged(L.merged_floats());
                 cudaStream_t st;
                 METRALE_CUDA_OK(cudaStreamCreate(&st));
-                nccl::cp_decode(L, r, cp::rank_decode_args(global, s, tables.get(), lens.get()), edges.get(),
+                nccl::cp_decode(L, r, cp::rank_attn_args(global, s, tables.get(), lens.get()), edges.get(),
                                 gathered.get(), merged.get(), comms[size_t(r)], st);
                 METRALE_CUDA_OK(cudaStreamSynchronize(st));
                 METRALE_CUDA_OK(cudaStreamDestroy(st));

@@ -32,7 +32,7 @@ std::string DecodeCase::describe() const {
   std::ostringstream os;
   os << "format=" << to_string(format) << " head_dim=" << head_dim << " block_size=" << block_size
      << " kv_heads=" << num_kv_heads << " group=" << group << " window=" << sliding_window
-     << " q_pad=" << q_stride_pad << " kv_row_pad=" << kv_row_pad << " page_pad=" << page_pad_bytes
+     << " q_pad=" << q_stride_pad << (q_head_major ? " q_head_major" : "") << " kv_row_pad=" << kv_row_pad << " page_pad=" << page_pad_bytes
      << " extra_blocks=" << extra_blocks << " outliers=" << outlier_channels;
   if (format == KvFormat::nvfp4) os << " k_global=" << k_global_scale << " v_global=" << v_global_scale;
   os << " seq_lens=[";
@@ -55,6 +55,7 @@ AttnArgs HostProblem::device_args(const bf16* q_, void* k_, void* v_, const int3
   AttnArgs a;
   a.q = q_;
   a.q_stride = q_stride;
+  a.q_head_stride = q_head_stride;
   a.num_seqs = num_seqs();
   a.num_q_heads = num_q_heads();
   a.cache.layout = layout;
@@ -228,10 +229,13 @@ HostProblem make_problem(const DecodeCase& c, uint64_t seed) {
   cpu::reshape_and_cache(p.write_args());
 
   // Queries; padding holds NaN.
-  p.q_stride = int64_t(Hq) * D + c.q_stride_pad;
-  p.q.assign(size_t(S) * p.q_stride, kNaNBf16);
+  const QLayout ql = q_layout(c, S);
+  p.q_stride = ql.row_stride;
+  p.q_head_stride = ql.head_stride;
+  p.q.assign(ql.elems, kNaNBf16);
   for (int32_t s = 0; s < S; ++s)
-    for (int64_t i = 0; i < int64_t(Hq) * D; ++i) p.q[size_t(s) * p.q_stride + i] = to_bf16(normal(rng));
+    for (int32_t h = 0; h < Hq; ++h)
+      for (int32_t d = 0; d < D; ++d) p.q[size_t(s * ql.row_stride + h * ql.head_stride + d)] = to_bf16(normal(rng));
   p.sm_scale = 1.0f / std::sqrt(float(D));
   return p;
 }

@@ -27,6 +27,11 @@ struct DecodeCase {
   std::vector<int32_t> seq_lens;
   int32_t sliding_window = 0;
   int64_t q_stride_pad = 0;    // extra elements per q row, multiple of 8
+  // q head-major: head h of row r at h*q_head_stride + r*q_stride (q_stride =
+  // head_dim + q_stride_pad, q_head_stride = rows*q_stride + 8), as
+  // transformers' (batch 1, heads, tokens, head_dim) query viewed as
+  // (tokens, heads, head_dim); else rows of packed heads.
+  bool q_head_major = false;
   int64_t kv_row_pad = 0;      // extra elements per key/value input row, multiple of 8
   int64_t page_pad_bytes = 0;  // extra bytes per page, multiple of 16 (all formats: page_stride_bytes grows;
                                // nvfp4 also gets a 16-byte gap between data and scale sections when nonzero)
@@ -48,8 +53,8 @@ struct HostProblem {
   std::vector<bf16> key, value;           // the bf16 rows that were written, [num_tokens, kv_row_stride]
   int64_t kv_row_stride = 0;              // elements: num_kv_heads*head_dim + kv_row_pad
   std::vector<int64_t> slot_mapping;      // [num_tokens], shuffled; includes two padding tokens (slot < 0)
-  std::vector<bf16> q;                    // [num_seqs, q_stride]
-  int64_t q_stride = 0;
+  std::vector<bf16> q;                    // [num_seqs, q_stride] or head-major (DecodeCase::q_head_major)
+  int64_t q_stride = 0, q_head_stride = 0;
   std::vector<int32_t> block_tables;      // [num_seqs, max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> seq_lens;
@@ -73,6 +78,26 @@ struct HostProblem {
 };
 
 HostProblem make_problem(const DecodeCase& c, uint64_t seed);
+
+// The strides and size of `rows` q rows of c's heads (c.q_stride_pad, c.q_head_major).
+struct QLayout {
+  int64_t row_stride = 0, head_stride = 0;
+  size_t elems = 0;
+};
+inline QLayout q_layout(const DecodeCase& c, int64_t rows) {
+  const int64_t D = c.head_dim, Hq = c.num_q_heads();
+  QLayout l;
+  if (c.q_head_major) {
+    l.row_stride = D + c.q_stride_pad;
+    l.head_stride = rows * l.row_stride + 8;
+    l.elems = size_t(Hq * l.head_stride);
+  } else {
+    l.row_stride = Hq * D + c.q_stride_pad;
+    l.head_stride = D;
+    l.elems = size_t(rows * l.row_stride);
+  }
+  return l;
+}
 
 // The float64 reference (testing/reference.hpp) over p's cache: what every
 // decode of p must match (compare_decode).

@@ -45,7 +45,7 @@ void expect_rows_match(const RunsProblem& rp, const std::vector<int32_t>& rows, 
                        const std::string& what, const std::vector<float>* lse) {
   const int32_t Hq = rp.p.num_q_heads(), D = rp.p.layout.head_dim, m = int32_t(rows.size());
   const int32_t mb = rp.p.max_blocks_per_seq;
-  std::vector<bf16> q(size_t(m) * rp.q_stride), got(size_t(m) * Hq * D);
+  std::vector<bf16> q(size_t(m) * Hq * D), got(size_t(m) * Hq * D);  // q: the sampled rows, packed
   std::vector<int32_t> q_start(size_t(m) + 1, 0), lens(size_t(m), 0), tables(size_t(m) * mb, 0);
   std::vector<float> got_lse(size_t(m) * Hq);
   for (int32_t i = 0; i < m; ++i) {
@@ -56,13 +56,17 @@ void expect_rows_match(const RunsProblem& rp, const std::vector<int32_t>& rows, 
     const int32_t j = r - rp.q_start[size_t(s)], n = rp.q_start[size_t(s) + 1] - rp.q_start[size_t(s)];
     lens[size_t(i)] = rp.p.seq_lens[size_t(s)] - n + j + 1;
     q_start[size_t(i) + 1] = i + 1;
-    std::copy_n(rp.q.begin() + ptrdiff_t(r) * rp.q_stride, rp.q_stride, q.begin() + ptrdiff_t(i) * rp.q_stride);
+    for (int32_t h = 0; h < Hq; ++h)
+      std::copy_n(rp.q.begin() + ptrdiff_t(r * rp.q_stride + h * rp.q_head_stride), D,
+                  q.begin() + ptrdiff_t(i * Hq + h) * D);
     std::copy_n(rp.p.block_tables.begin() + ptrdiff_t(s) * mb, mb, tables.begin() + ptrdiff_t(i) * mb);
     std::copy_n(out.begin() + ptrdiff_t(r) * Hq * D, size_t(Hq) * D, got.begin() + ptrdiff_t(i) * Hq * D);
     if (lse) std::copy_n(lse->begin() + ptrdiff_t(r) * Hq, Hq, got_lse.begin() + ptrdiff_t(i) * Hq);
   }
   AttnArgs a = rp.args(nullptr);
   a.q = q.data();
+  a.q_stride = int64_t(Hq) * D;
+  a.q_head_stride = D;
   a.q_start = q_start.data();
   a.num_seqs = m;
   a.num_q_rows = m;

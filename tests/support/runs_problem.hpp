@@ -32,7 +32,7 @@ struct RunsProblem {
   int32_t sliding_window = 0;
   std::vector<int32_t> q_start;
   std::vector<bf16> q;
-  int64_t q_stride = 0;
+  int64_t q_stride = 0, q_head_stride = 0;  // q_layout(c, rows)
   std::vector<float> sinks;
   float softcap = 0.0f;
 
@@ -41,9 +41,13 @@ struct RunsProblem {
     std::mt19937_64 rng(seed ^ 0x5eed);
     q_start.assign(1, 0);
     for (size_t i = 0; i < runs.size(); ++i) q_start.push_back(q_start.back() + runs[i]);
-    q_stride = int64_t(c.num_q_heads()) * c.head_dim + 8;
+    DecodeCase qc = c;
+    qc.q_stride_pad = c.q_head_major ? c.q_stride_pad : 8;
+    const QLayout ql = q_layout(qc, q_start.back());
+    q_stride = ql.row_stride;
+    q_head_stride = ql.head_stride;
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    q.resize(size_t(q_start.back()) * q_stride);
+    q.resize(ql.elems);
     for (bf16& x : q) x = codec::float_to_bf16(u(rng));
   }
   int32_t rows() const { return q_start.back(); }
@@ -51,6 +55,7 @@ struct RunsProblem {
     AttnArgs a;
     a.q = q.data();
     a.q_stride = q_stride;
+    a.q_head_stride = q_head_stride;
     a.q_start = q_start.data();
     a.num_seqs = p.num_seqs();
     a.num_q_rows = rows();
