@@ -1,4 +1,4 @@
-// cp_bench: context-parallel decode (issue 7) over N GPUs of one host,
+// cp_bench: context-parallel decode over N GPUs of one host,
 // through NCCL. Per format and shape it reports the decode step on 1 GPU (the
 // planner's single-GPU run) vs the same batch context-sharded over N GPUs,
 // the speedup and scaling efficiency t1 / (N * tN), and the all-gather of the

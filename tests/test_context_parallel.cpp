@@ -1,4 +1,4 @@
-// Context-parallel decode (metrale/context_parallel.hpp, issue 7) without a
+// Context-parallel decode (metrale/context_parallel.hpp) without a
 // transport: every rank's shard is run one after another in this process
 // (CPU backend, and the CUDA backend on one GPU when present), the rank
 // blocks are gathered by a host/device copy exactly as ncclAllGather lays

@@ -262,7 +262,7 @@ TEST(CpuCacheWrite, EmptyBatchWritesNothing) {
   EXPECT_TRUE(p.k_cache == k);
 }
 
-// ---- head-strided inputs (issue 19, point 1) ----
+// ---- head-strided inputs ----
 
 // p's K or V rows re-laid with token stride ts and head stride hs in a buffer
 // of `elems` elements whose other elements are NaN (they must not be read).
@@ -370,7 +370,7 @@ TEST(CpuCacheWrite, OverlappingOrMisalignedStridesAreRejected) {
   EXPECT_NO_THROW(cpu::reshape_and_cache(w));
 }
 
-// ---- saturation counts (issue 19, point 7) ----
+// ---- saturation counts ----
 
 // Independent count of the saturated elements of p's written tokens: |x| in
 // E4M3 units (FP8 x / scale as the quantizer's x * (1/scale); NVFP4 x / (6 g))

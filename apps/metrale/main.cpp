@@ -1,6 +1,6 @@
 // The `metrale` command. With no arguments it runs the default job (demo.hpp)
 // and prints one table; the subcommands (subcommands.hpp) run the other jobs
-// of issue 6: accuracy, serve-sim. The benchmark's modes are metrale_bench's
+// (accuracy, serve-sim). The benchmark's modes are metrale_bench's
 // (bench/). See README.md.
 #include <CLI/CLI.hpp>
 #include <cstdio>

@@ -169,7 +169,7 @@ METRALE_HD uint8_t nvfp4_quantize_group(const float* x, float global_scale, uint
 // next step of the E4M3 grid (480), up to which it rounds to 448 as it would
 // in a format without the limit. So the calibrated absmax itself, which maps
 // to 448 up to the f32 rounding of its scale, never counts, and a value 5%
-// past it does (the decode-time K of issue 19). +-inf saturates; NaN never
+// past it does (a model's decode-time K). +-inf saturates; NaN never
 // does (it is kept as a NaN, SYSTEM.md 2). This is the one definition the
 // cache write counts by on both backends (CacheWriteArgs::saturated).
 constexpr float kE4M3SaturationBound = 464.0f;

@@ -1,4 +1,4 @@
-// Context-parallel decode (issue 7): one sequence's context (its pages) is
+// Context-parallel decode: one sequence's context (its pages) is
 // sharded over R ranks (one GPU each); every rank runs the split-K pass over
 // ITS pages only, the ranks exchange their (o, m, l) states (SYSTEM.md 4) and
 // every rank merges them into the full output. docs/context_parallel.md has

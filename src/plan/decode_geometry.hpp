@@ -35,11 +35,10 @@ constexpr int32_t kMinTokensPerSplit = 128;
 // (head_dim_parts 2: each warp loads, dequantises and accumulates half of
 // every row; DecodeConfig's HP), so an n-tile costs a thread half the
 // registers and it takes two: a run of 4 rows at GQA 4 dequantises its pages
-// once, not twice (0.67-0.76x the time, session 23; whole rows where the
-// columns fit one n-tile: there the teams' duplicated softmax and exchange
-// cost 1.05-1.16x). At head_dim 128, which has two n-tiles of whole rows,
-// the teams lost: 2 n-tiles 1.16-1.44x, 4 n-tiles 1.18-1.38x the prefill
-// kernel at q_len 8 (docs/query_runs.md).
+// once, not twice (whole rows where the columns fit one n-tile: there the
+// teams' duplicated softmax and exchange cost more than they save). At
+// head_dim 128, which has two n-tiles of whole rows, the teams lose to the
+// prefill kernel (docs/query_runs.md).
 constexpr int32_t kMaxRunsColTiles = 2;
 constexpr bool runs_can_split_head_dim(bool scaled_format, int32_t head_dim) {
   return scaled_format && head_dim == 256;
@@ -55,14 +54,11 @@ constexpr int32_t runs_col_tiles(int32_t head_dim, int32_t head_dim_parts, int64
 // kPrefillMinRows rows per kv head (fewer: the runs kernel,
 // whose CTAs serve 8-16 columns and split the pages): it reads a kv head's
 // pages once for up to 128 rows, where the runs kernel reads them once per
-// 16 columns. Measured on the H200 (d128, GQA 4, 1 x 32768, 16 x 8192,
-// 64 x 4096): bf16 verification of 8 tokens (32 rows) took 0.89-0.96x the
-// runs kernel's time (session 13). A tile of at most 64 rows has one
-// consumer (a solo CTA), and for fp8 / NVFP4 two dequantising producers
-// (session 16): 8 NVFP4 tokens then take 0.88-0.97x the runs kernel's time;
-// 8 fp8 tokens took 1.09-1.33x until the producer loaded whole rows per
-// instruction (session 18): 0.84-0.97x. 4 tokens (16 rows) stay on the
-// runs kernel in every format (fp8 1.08x, NVFP4 1.03x its time).
+// 16 columns. On the H200 (d128, GQA 4, 1 x 32768 to 64 x 4096) the
+// prefill kernel is the faster one from 8 verification tokens (32 rows) in
+// every format (a tile of at most 64 rows has one consumer, and for fp8 /
+// NVFP4 two dequantising producers); 4 tokens (16 rows) stay on the runs
+// kernel, which is faster there in every format.
 constexpr int32_t kPrefillRowsPerCta = 128;
 constexpr int32_t kPrefillMinRows = 32;
 // Those short runs were measured over 4096-32768 attended positions only;
@@ -72,8 +68,8 @@ constexpr int32_t kPrefillShortRunsMinAttended = 4096;
 // Its splits (split-K, where its grid alone would leave SMs idle) hold at
 // least this many positions: 8 tiles of 128, against a CTA's fixed costs
 // (its Q, the ring's fill, a record of 128 rows). The counts it gives were
-// the fastest of 1-16 forced at 64-512 tokens over 32768 (session 13); the
-// threshold itself was not swept.
+// the fastest of 1-16 forced at 64-512 tokens over 32768; the threshold
+// itself was not swept.
 constexpr int32_t kPrefillMinTokensPerSplit = 1024;
 // Its grid is (kv heads x splits, sequences, tiles): y and z at most 65535.
 constexpr int64_t kPrefillMaxGridYZ = 65535;
@@ -83,17 +79,10 @@ constexpr int64_t kPrefillMaxGridYZ = 65535;
 // code (56-64 per thread: ptxas spilled 214-286 bytes), so they run alone.
 constexpr bool prefill_can_pair_tiles(bool dequantised, int32_t head_dim) { return !dequantised || head_dim < 256; }
 // The planner pairs where a CTA walks enough K / V tiles: at head_dim 128
-// and 256, from 2048 attended positions. Session 24, call 3:
-// bf16 d128 1.06 / 1.10 / 1.12 / 1.13 at 4096 / 8192 / 16384 tokens / a
-// 2048-token chunk over 30720, NVFP4 1.07-1.10, fp8 1.02-1.05, ragged8
-// 1.00-1.04; at 1024 tokens bf16 and fp8 lost 4-5% (the pair's barrier at
-// its start and its lockstep over a few tiles). Calls 5 and 6, pairs on /
-// off at 2048 tokens: bf16 1.03-1.04, NVFP4 1.04-1.05, fp8 0.98-0.99; at
-// 3072 (one run) bf16 1.05, NVFP4 1.05, fp8 1.02; bf16 d256 1.02 at 1024,
-// 1.04 at 2048. Not at head_dim 64 (0.94-1.06 by shape, as many losses as
-// gains). fp8 started at 4096 until its warp copies (session 25, call 2:
-// pairs on / off 1.00 / 1.03 / 1.04 at 2048 / 3072 / 4096, NVFP4 1.05 /
-// 1.06 / 1.07).
+// and 256, from 2048 attended positions, in every format; below that the
+// pair's barrier at its start and its lockstep over a few tiles cost more
+// than the shared loads save. Not at head_dim 64, where pairs lost at about
+// as many shapes as they gained.
 constexpr int64_t kPrefillPairsMinAttended = 2048;
 constexpr bool prefill_pairs_tiles(bool dequantised, int32_t head_dim, int64_t attended) {
   return prefill_can_pair_tiles(dequantised, head_dim) && head_dim >= 128 && attended >= kPrefillPairsMinAttended;
@@ -106,7 +95,7 @@ constexpr bool prefill_pairs_tiles(bool dequantised, int32_t head_dim, int64_t a
 // at head_dim 128). Pairing halves the CTAs of a batch, so it is chosen
 // only where the batch still fills a third of a resident wave (at most 2
 // splits): split shapes doubled their splits and lost (clusters of 4, or
-// 66 splits at 1x32768; session 6 in bench/RESULTS.md).
+// 66 splits at 1x32768).
 constexpr bool decode_can_pair_kv_heads(int32_t head_dim, int32_t num_kv_heads, int32_t group) {
   return head_dim == 64 && num_kv_heads % 2 == 0 && 2 * group <= kDecodeQHeadsPerCta;
 }

@@ -1,19 +1,18 @@
-// The decode planner (docs/planner.md) and the debug block-table validator.
+// The planner (docs/planner.md): one decision function for every query shape.
 //
 // Split rule: a decode launch has one CTA per (sequence, kv head or head
 // pair, 8-q-head tile, split). Single pass when the batch alone gives every
 // SM enough CTAs; otherwise cut each sequence into as many splits as fill one
 // resident wave, but never splits shorter than kMinTokensPerSplit. Splitting
 // past one resident wave only adds tails and reduce work (measured with
-// `metrale_bench --mode oracle`, bench/RESULTS.md).
+// `metrale_bench --mode oracle`).
 //
 // Merge rule: 2-8 splits merge inside clusters of the split CTAs where every
 // cluster of the grid is resident at once. The merge holds every CTA of a
 // cluster until the last one is done, and clusters are placed whole inside
 // one GPC: a grid of more clusters than that runs them in waves, and there
 // the workspace and the reduce are faster (fp8 d64 4x8192, 32 clusters of
-// 8: 25.4 us in clusters against 16.1 through the workspace; session 6 in
-// bench/RESULTS.md).
+// 8, ran 1.6x slower in clusters).
 #include <algorithm>
 #include <string>
 
@@ -68,9 +67,9 @@ int32_t fill_splits(int64_t base_ctas, int64_t attended, int64_t wave, int64_t m
 // for the formats on the TMA path when the one-tile grid fills less than half
 // a wave and needs at most two tiles per kv head (the two one-tile CTAs of a
 // kv head, adjacent, the second reading the pages mostly from L2, with fewer,
-// longer splits). Measured: bench/RESULTS.md, session 9 (one tile 5-30%
-// faster at q_len 4 and 8 at 1 x 4096, and at q_len 4 for bf16/fp8 at
-// 1 x 32768 and 4 x 8192; two tiles faster everywhere else, NVFP4 most).
+// longer splits): one tile was faster at q_len 4 and 8 at 1 x 4096, and at
+// q_len 4 for bf16/fp8 at 1 x 32768 and 4 x 8192; two tiles everywhere
+// else, NVFP4 most.
 int32_t runs_col_tiles_for(const AttnProblem& p, const AttnTarget& target, int32_t kv_units, int64_t columns,
                            int64_t wave, int32_t head_dim_parts) {
   if (!p.runs_kernel()) return 1;
@@ -108,13 +107,8 @@ int32_t prefill_splits(const AttnProblem& p, const AttnTarget& target, int64_t c
 // last CTAs started are then short ones. Only where the sequences' K and V
 // (every kv head's, of the attended positions: an upper bound) exceed the
 // L2; below it 0: the three-dimensional grid's order (tile major, then
-// sequence, kv unit fastest), which the bands of one tile lost 2-3% to at
-// 1024 tokens.
-// (Session 19, calls 2-3: bands everywhere lost 7-10% at 1024 tokens and 3%
-// at 4096, and gained only at head_dim 256 from 16384 tokens, 2-7%, and on
-// ragged8, 4-10%; one band, unit after unit, lost 24% at 1024. Session 20,
-// call 2: bands above L2 only, 0.99-1.00x at 1024 / 4096, 1.02-1.04x from
-// 16384 tokens, ragged8 1.04-1.13x at d128 / d256.)
+// sequence, kv unit fastest), which the bands beat only where K and V
+// spill out of L2 (long prompts, ragged batches); below it they lost.
 int32_t prefill_tile_band(const AttnProblem& p, const AttnTarget& target, int32_t head_tiles) {
   const KvFormatDesc& f = kv_format_desc(p.layout.format);
   const int64_t row_bytes = f.row_code_bytes(p.layout.head_dim) + f.row_scale_bytes(p.layout.head_dim);

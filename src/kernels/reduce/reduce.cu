@@ -44,9 +44,7 @@ struct ReduceParams {
 
 // kGroups: more than one thread group (more than kReduceChunk splits).
 // Without, the group code is not compiled in: the reduce runs cold in the
-// instruction cache, and with it one group ran 0.4-1.3% slower at 8 and 16
-// splits (session 22, calls 6-7); kGroups false is the one-group kernel of
-// before, instruction for instruction.
+// instruction cache, and with it one group ran slower at 8 and 16 splits.
 template <bool kGroups>
 __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   // Per split: its max logit and weight l * exp(m - M). Filled in parallel
@@ -58,7 +56,7 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   __shared__ float warp_max[32];
   // (a0, a1, L) of each thread of the groups after the first: dynamic, none
   // with one group. (A static array of 1024 made NVFP4 decode at 2 x 16384
-  // and 4 x 8192, one group, 1.3x slower, session 22: likely because the
+  // and 4 x 8192, one group, 1.3x slower: likely because the
   // reduce's CTAs, launched early as the split pass's programmatic
   // dependents, wait on its SMs with that shared memory.)
   extern __shared__ float3 group_sums[];
