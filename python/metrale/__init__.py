@@ -1,4 +1,4 @@
-"""metrale: paged KV-cache decode attention (BF16, FP8 E4M3, NVFP4 caches).
+"""metrale: paged KV-cache attention (BF16, FP8 E4M3, NVFP4 caches).
 
 Python bindings of the metrale C++/CUDA library. Every operation takes
 arrays through DLPack, ``__cuda_array_interface__`` or the buffer protocol
@@ -36,23 +36,26 @@ Quick tour::
                                  num_kv_heads=8, head_dim=128, num_layers=2)
     cache.calibrate(key, value)                  # per-tensor FP8 scales
     cache.write(0, key, value, slot_mapping)     # reshape_and_cache
-    plan = metrale.Planner(num_seqs, 32, cache.layout, max_seq_len)
+    out = metrale.attention(q, cache.layer(0), block_tables, seq_lens)   # decode
+    out = metrale.attention(q, cache.layer(0), block_tables, seq_lens, q_start=q_start)  # query runs
+    plan = metrale.Planner(num_seqs, 32, cache.layout, max_seq_len)  # once per batch shape
     out = plan.run(q, cache.layer(0), block_tables, seq_lens)
 """
 
 from ._arrays import MAX_SPLITS, from_bf16, make_layout, to_bf16
-from ._metrale import CudaError, DecodePlan, KvCacheLayout, KvFormat
-from .cache import Calibrator, PagedKVCache
-from .ops import (attend, bf16_absmax, cpu_num_threads, cuda_available, decode, decode_reduce, decode_splitk,
-                  fp8_scale_from_absmax, nvfp4_global_scale_from_absmax, reshape_and_cache, set_cpu_num_threads,
-                  splitk_workspace_bytes, validate_block_tables)
+from ._metrale import AttnPlan, CudaError, KvCacheLayout, KvFormat
+from .attention import attention, reduce_states
+from .cache import Calibrator, PagedKVCache, kv_scales_from_absmax
+from .ops import (bf16_absmax, cpu_num_threads, cuda_available, fp8_scale_from_absmax, nvfp4_global_scale_from_absmax,
+                  reshape_and_cache, set_cpu_num_threads, splitk_workspace_bytes, validate_block_tables)
 from .planner import Planner
 from .view import KVCacheView
 
 __all__ = [
     "CudaError",
-    "attend",
-    "DecodePlan",
+    "attention",
+    "reduce_states",
+    "AttnPlan",
     "KvCacheLayout",
     "KvFormat",
     "KVCacheView",
@@ -63,10 +66,8 @@ __all__ = [
     "bf16_absmax",
     "fp8_scale_from_absmax",
     "nvfp4_global_scale_from_absmax",
+    "kv_scales_from_absmax",
     "make_layout",
-    "decode",
-    "decode_splitk",
-    "decode_reduce",
     "splitk_workspace_bytes",
     "validate_block_tables",
     "cuda_available",

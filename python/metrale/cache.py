@@ -9,10 +9,10 @@ import numpy as np
 
 from . import _metrale
 from ._metrale import KvFormat
-from ._arrays import (ArrayLike, _device_of, _dl, _empty, _is_cuda, _parse_device, _require_array, _stream_handle,
-                      make_layout)
+from ._arrays import (ArrayLike, _device_of, _dl, _empty, _format, _is_cuda, _parse_device, _require_array,
+                      _stream_handle, make_layout)
 from .ops import fp8_scale_from_absmax, nvfp4_global_scale_from_absmax, reshape_and_cache
-from .view import KVCacheView
+from .view import SCALE_NAMES, KVCacheView, tensor_scale_names
 
 
 class Calibrator:
@@ -64,6 +64,21 @@ class Calibrator:
         k, v = self.absmax
         return (nvfp4_global_scale_from_absmax(k), nvfp4_global_scale_from_absmax(v))
 
+    def scales(self, format: Union[str, KvFormat]) -> dict:
+        """The scales of a cache of `format` from the absmax seen so far (the C++
+        kv_scales_from_absmax rule): {name: value} of the format's two per-tensor scales."""
+        return kv_scales_from_absmax(format, *self.absmax)
+
+
+def kv_scales_from_absmax(format: Union[str, KvFormat], k_absmax: float, v_absmax: float) -> dict:
+    """The per-tensor scales of `format` calibrated from the absmax of K and of V
+    (x = absmax / the format's largest value; an absmax of 0 gives 1): {name: value} of the
+    two scales the format takes (FP8 k_scale / v_scale, NVFP4 k_global_scale /
+    v_global_scale; bf16: {})."""
+    fmt = _format(format)
+    s = _metrale.kv_scales_from_absmax(fmt, float(k_absmax), float(v_absmax))
+    return {name: float(s[SCALE_NAMES.index(name)]) for name in tensor_scale_names(fmt)}
+
 
 class PagedKVCache:
     """K and V paged caches of one format for `num_layers` layers.
@@ -93,8 +108,9 @@ class PagedKVCache:
         self._device = _parse_device(device)
         shape = (num_layers, 2, self.layout.num_blocks, self.layout.page_stride_bytes)
         self._buf = _empty(shape, "uint8", self._device, zero=True)
-        self._scales = [[float(k_scale), float(v_scale), float(k_global_scale), float(v_global_scale)]
-                        for _ in range(num_layers)]
+        given = {"k_scale": k_scale, "v_scale": v_scale, "k_global_scale": k_global_scale,
+                 "v_global_scale": v_global_scale}
+        self._scales = [[float(given[n]) for n in SCALE_NAMES] for _ in range(num_layers)]
         self._calib = [Calibrator() for _ in range(num_layers)]
         self._saturated = _empty((num_layers, 2), "int64", self._device, zero=True)  # per layer: K, V elements
         self._written = [False] * num_layers  # a layer holds tokens: its scales are fixed
@@ -159,7 +175,7 @@ class PagedKVCache:
     def scales(self, layer: int = 0) -> dict:
         """{'k_scale', 'v_scale', 'k_global_scale', 'v_global_scale'} of `layer`."""
         s = self._scales[self._check_layer(layer)]
-        return {"k_scale": s[0], "v_scale": s[1], "k_global_scale": s[2], "v_global_scale": s[3]}
+        return dict(zip(SCALE_NAMES, s))
 
     def _check_unwritten(self, layers, force: bool, what: str) -> None:
         """Scales give the cached codes their meaning: changing them after a write
@@ -179,9 +195,10 @@ class PagedKVCache:
         Refused on a layer that holds tokens unless ``force``."""
         layers = range(self.num_layers) if layer is None else [self._check_layer(layer)]
         given = []
-        for idx, (name, val) in enumerate((("k_scale", k_scale), ("v_scale", v_scale),
-                                           ("k_global_scale", k_global_scale),
-                                           ("v_global_scale", v_global_scale))):
+        values = {"k_scale": k_scale, "v_scale": v_scale, "k_global_scale": k_global_scale,
+                  "v_global_scale": v_global_scale}
+        for idx, name in enumerate(SCALE_NAMES):
+            val = values[name]
             if val is None:
                 continue
             if not (isinstance(val, (int, float, np.floating)) and math.isfinite(val) and val > 0):
@@ -214,15 +231,36 @@ class PagedKVCache:
         for i in layers:
             c = self._calib[i]
             c.observe(key, value, stream=stream)
-            if self.format == KvFormat.fp8_e4m3:
-                self._scales[i][0], self._scales[i][1] = c.fp8_scales()
-            elif self.format == KvFormat.nvfp4:
-                self._scales[i][2], self._scales[i][3] = c.nvfp4_global_scales()
+            self._set_calibrated(i, c.scales(self.format))
         return self.scales(layers[0])
+
+    def calibrate_from_absmax(self, layer: int, k_absmax: float, v_absmax: float, *, force: bool = False) -> dict:
+        """Sets the scales of `layer` from an absmax of K and of V measured elsewhere (the rule
+        of :func:`kv_scales_from_absmax`); refused on a layer that holds tokens unless
+        ``force``. Returns the layer's scales."""
+        i = self._check_layer(layer)
+        self._check_unwritten([i], force, "re-calibrating")
+        self._set_calibrated(i, kv_scales_from_absmax(self.format, k_absmax, v_absmax))
+        return self.scales(i)
+
+    def _set_calibrated(self, layer: int, scales: dict) -> None:
+        for name, val in scales.items():
+            self._scales[layer][SCALE_NAMES.index(name)] = val
 
     def reset_calibration(self) -> None:
         for c in self._calib:
             c.reset()
+
+    def mark_written(self, layer: int) -> None:
+        """Records that `layer` holds tokens written outside :meth:`write` (e.g. through
+        ``torch.ops.metrale.reshape_and_cache``): its scales are fixed from now on."""
+        self._written[self._check_layer(layer)] = True
+
+    def forget_tokens(self) -> None:
+        """Forgets that the layers hold tokens (the pages are not cleared) and the running
+        calibration absmax: the next batch calibrates and writes afresh."""
+        self._written = [False] * self.num_layers
+        self.reset_calibration()
 
     # ---- writes
     def write(self, layer: int, key: ArrayLike, value: ArrayLike, slot_mapping: ArrayLike, *,

@@ -1,81 +1,79 @@
-"""PyTorch custom operators over metrale (``torch.library``): the cache write, decode and
-query-run attention as ``torch.ops.metrale.*``, with fake (meta) implementations, so that
-``torch.compile(fullgraph=True)`` traces a decode step without a graph break and a CUDA
-graph captures it (the ops enqueue on the current stream and never synchronise).
+"""PyTorch custom operators over metrale (``torch.library``): the cache write and attention
+as ``torch.ops.metrale.*``, with fake (meta) implementations, so that
+``torch.compile(fullgraph=True)`` traces a step without a graph break and a CUDA graph
+captures it (the ops enqueue on the current stream and never synchronise).
 
 Operators (importing this module registers them; needs torch >= 2.4):
 
-* ``metrale::reshape_and_cache(key, value, slot_mapping, k_cache, v_cache, layout, scales)``
-  mutates ``k_cache`` / ``v_cache`` (returns nothing);
-  ``metrale::reshape_and_cache_counted(..., scales, saturated)`` also adds the saturated K
-  and V elements to ``saturated`` (int64 ``[2]`` on the cache's device);
-* ``metrale::decode(q, k_cache, v_cache, block_tables, seq_lens, layout, scales, sm_scale,
-  sliding_window, max_seq_len) -> out`` ``(num_seqs, num_q_heads, head_dim)`` bf16;
-* ``metrale::attend(q, k_cache, v_cache, q_start, block_tables, seq_lens, sinks, layout,
-  scales, sm_scale, sliding_window, softcap, max_q_len, max_seq_len) -> out``
-  ``(rows, num_q_heads, head_dim)`` bf16.
+* ``metrale::reshape_and_cache(key, value, slot_mapping, k_cache, v_cache, format,
+  block_size, num_kv_heads, k_scale, v_scale, data_section_bytes=0)`` mutates ``k_cache`` /
+  ``v_cache``; ``metrale::reshape_and_cache_counted(..., saturated)`` also adds the clipped
+  K and V elements to ``saturated`` (int64 ``[2]`` on the cache's device);
+* ``metrale::attention(q, k_cache, v_cache, block_tables, seq_lens, format, block_size,
+  num_kv_heads, k_scale=1.0, v_scale=1.0, q_start=None, max_q_len=0, max_seq_len=0,
+  sliding_window=0, sm_scale=None, sinks=None, softcap=0.0, return_lse=False,
+  data_section_bytes=0) -> (out, lse)``: every query shape (``q_start`` None: decode, one
+  row per sequence), out ``(rows, num_q_heads, head_dim)`` bf16, lse float32
+  ``(rows, num_q_heads)`` when ``return_lse`` (else an empty ``(0,)`` tensor).
 
-A cache enters an operator as its two uint8 buffers plus ``layout`` (``layout_spec``:
-a list of ints describing the KvCacheLayout) and ``scales`` (``[k_scale, v_scale,
-k_global_scale, v_global_scale]``), plain values torch.compile specialises on (scales
-are fixed once a layer holds tokens). ``max_seq_len`` sizes the decode plan (any length
-up to the block table's capacity runs on it; it only tunes the split count). Each
-operator makes its plan once per shape (a host-side dictionary) and allocates only its
-output and, where the plan merges through one, its split-K workspace, through torch's
-allocator (graph-safe).
+A cache enters an operator as its two uint8 page buffers ``(num_blocks, page_stride_bytes)``
+(``PagedKVCache.k(i)`` / ``.v(i)``) plus its format ("bf16", "fp8", "nvfp4"), block_size,
+num_kv_heads and the format's two per-tensor scales (FP8 ``k_scale`` / ``v_scale``; NVFP4
+the global scales; BF16 ignores them): plain values torch.compile specialises on (scales are
+fixed once a layer holds tokens). head_dim is q's (key's) last dimension. q may be any
+``(rows, heads, head_dim)`` view with a unit inner stride (transformers' batch-1 query
+``(1, heads, tokens, D)`` transposed to ``(tokens, heads, D)``), or ``(batch, heads, 1, D)``.
+``max_seq_len`` sizes the plan (0: the longest of a host seq_lens, else the block table's
+capacity; any length up to the capacity runs on it: it only tunes the split count). The
+attention operator makes its plan once per shape (an LRU of the most recently used plans,
+:class:`_PlanCache`) and allocates only its outputs and, where the plan merges through one,
+its split-K workspace, through torch's allocator (graph-safe).
 """
 
 from __future__ import annotations
 
 import atexit
-from typing import Any, Dict, List, Optional, Tuple
+import collections
+from typing import Any, Optional, Tuple
 
 import torch
 
 from . import _metrale
-from ._metrale import KvCacheLayout, KvFormat
-from ._arrays import _dl
-from .view import KVCacheView
-
-_FORMAT_IDS = {KvFormat.bf16: 0, KvFormat.fp8_e4m3: 1, KvFormat.nvfp4: 2}
+from ._arrays import _dl, make_layout
+from .planner import _q_shape
+from .view import scales_of
 
 
-def layout_spec(layout: KvCacheLayout) -> List[int]:
-    """The operators' description of a layout: [format, num_blocks, block_size, num_kv_heads,
-    head_dim, page_stride_bytes, data_section_bytes] (format 0 bf16, 1 fp8, 2 nvfp4)."""
-    if isinstance(layout, KVCacheView):
-        layout = layout.layout
-    if not isinstance(layout, KvCacheLayout):
-        raise TypeError(f"'layout': expected a metrale.KvCacheLayout or KVCacheView, got {type(layout).__name__}")
-    return [_FORMAT_IDS[layout.format], int(layout.num_blocks), int(layout.block_size), int(layout.num_kv_heads),
-            int(layout.head_dim), int(layout.page_stride_bytes), int(layout.data_section_bytes)]
+class _PlanCache:
+    """The plans of the last `capacity` shapes used, dropped least-recently used first."""
+
+    def __init__(self, capacity: int = 64):
+        self.capacity = int(capacity)
+        self._plans: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
+
+    def get(self, key: tuple, make):
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        plan = make()
+        self._plans[key] = plan
+        if len(self._plans) > self.capacity:
+            self._plans.popitem(last=False)
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._plans
+
+    def clear(self) -> None:
+        self._plans.clear()
 
 
-_LAYOUTS: Dict[Tuple[int, ...], KvCacheLayout] = {}
-
-
-def _layout(spec: List[int]) -> KvCacheLayout:
-    key = tuple(int(x) for x in spec)
-    lay = _LAYOUTS.get(key)
-    if lay is not None:
-        return lay
-    if len(key) != 7:
-        raise ValueError(f"'layout' = {list(spec)!r}; expected the 7 ints of metrale.torch_ops.layout_spec(layout)")
-    fmt, nb, bs, hkv, d, page_stride, data_section = key
-    if fmt == 0:
-        lay = KvCacheLayout.bf16(nb, bs, hkv, d)
-    elif fmt == 1:
-        lay = KvCacheLayout.fp8(nb, bs, hkv, d, page_stride)
-    elif fmt == 2:
-        lay = KvCacheLayout.nvfp4(nb, bs, hkv, d, page_stride, data_section)
-    else:
-        raise ValueError(f"'layout': format id {fmt}; expected 0 (bf16), 1 (fp8) or 2 (nvfp4)")
-    lay.validate()
-    if int(lay.page_stride_bytes) != page_stride:
-        raise ValueError(f"'layout' = {list(spec)!r}: page_stride_bytes {page_stride} does not describe a "
-                         f"{lay!r} (bf16 pages are dense)")
-    _LAYOUTS[key] = lay
-    return lay
+_PLANS = _PlanCache()
+_LAYOUTS = _PlanCache(capacity=64)
 
 
 @atexit.register
@@ -86,59 +84,50 @@ def _release() -> None:
     _LAYOUTS.clear()
 
 
-def _scales(scales: List[float]) -> Tuple[float, float, float, float]:
-    if len(scales) != 4:
-        raise ValueError(f"'scales' = {list(scales)!r}; expected [k_scale, v_scale, k_global_scale, v_global_scale]")
-    return (float(scales[0]), float(scales[1]), float(scales[2]), float(scales[3]))
+def _layout(format: str, k_cache: torch.Tensor, block_size: int, num_kv_heads: int, head_dim: int,
+            data_section_bytes: int):
+    """The KvCacheLayout of a cache given as its (num_blocks, page_stride_bytes) page buffer."""
+    if k_cache.dim() != 2:
+        raise ValueError(f"'k_cache': shape {tuple(k_cache.shape)}; expected the 2-D page buffer "
+                         "(num_blocks, page_stride_bytes) (PagedKVCache.k(layer))")
+    num_blocks, page_bytes = int(k_cache.shape[0]), int(k_cache.shape[1]) * k_cache.element_size()
+    key = (str(format), num_blocks, page_bytes, int(block_size), int(num_kv_heads), int(head_dim),
+           int(data_section_bytes))
+
+    def make():
+        fmt = str(format).lower()
+        lay = make_layout(fmt, num_blocks, int(block_size), int(num_kv_heads), int(head_dim))
+        if int(lay.page_stride_bytes) != page_bytes or data_section_bytes:  # padded pages
+            if fmt in ("bf16", "bfloat16"):
+                raise ValueError(f"'k_cache': pages of {page_bytes} bytes; a bf16 layout's are "
+                                 f"{int(lay.page_stride_bytes)} (dense)")
+            lay = make_layout(fmt, num_blocks, int(block_size), int(num_kv_heads), int(head_dim),
+                              cache_stride=page_bytes, block_stride_bytes=page_bytes,
+                              data_section_bytes=int(data_section_bytes))
+        return lay
+
+    return _LAYOUTS.get(key, make)
 
 
 def _stream(t: torch.Tensor) -> int:
     return int(torch.cuda.current_stream(t.device).cuda_stream) if t.is_cuda else 0
 
 
-_PLANS: Dict[tuple, Any] = {}
+def _kv_heads_dim(key: torch.Tensor, num_kv_heads: int) -> int:
+    if key.dim() == 2:
+        if key.shape[1] % num_kv_heads:
+            raise ValueError(f"'key': shape {tuple(key.shape)}; expected (tokens, num_kv_heads * head_dim) with "
+                             f"num_kv_heads = {num_kv_heads}")
+        return int(key.shape[1]) // int(num_kv_heads)
+    return int(key.shape[-1])
 
 
-def _plan(device: torch.device, num_seqs: int, num_q_heads: int, lay: KvCacheLayout, spec: List[int],
-          max_seq_len: int, window: int, max_q_len: int, num_q_rows: int, attn_options: bool):
-    """The plan of one shape, made once (host work) and kept (the last 64 shapes)."""
-    index = -1 if device.type == "cpu" else (device.index if device.index is not None
-                                             else torch.cuda.current_device())
-    key = (index, num_seqs, num_q_heads, tuple(spec), max_seq_len, window, max_q_len, num_q_rows, attn_options)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _metrale.plan_decode(num_seqs, num_q_heads, lay, max_seq_len, window, index, 0, "automatic",
-                                    "automatic", "automatic", max_q_len, num_q_rows, attn_options)
-        if len(_PLANS) >= 64:
-            _PLANS.clear()
-        _PLANS[key] = plan
-    return plan
-
-
-def _workspace(plan: Any, like: torch.Tensor) -> Optional[torch.Tensor]:
-    n = int(plan.workspace_bytes)
-    return None if n == 0 else torch.empty(((n + 3) // 4,), dtype=torch.float32, device=like.device)
-
-
-def _q_heads(q: torch.Tensor, head_dim: int) -> int:
-    if q.dim() == 3:
-        return int(q.shape[1])
-    if q.dim() == 2 and q.shape[1] % head_dim == 0:
-        return int(q.shape[1] // head_dim)
-    raise ValueError(f"'q': shape {tuple(q.shape)}; expected (rows, num_q_heads, {head_dim}) "
-                     f"or (rows, num_q_heads * {head_dim})")
-
-
-def _check_max_seq_len(block_tables: torch.Tensor, lay: KvCacheLayout, max_seq_len: int) -> int:
-    if max_seq_len > 0:
-        return int(max_seq_len)
-    return int(block_tables.shape[-1]) * int(lay.block_size) if block_tables.dim() == 2 else 0
-
-
-def _write(key, value, slot_mapping, k_cache, v_cache, layout, scales, saturated) -> None:
-    lay = _layout(layout)
+def _write(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale,
+           data_section_bytes, saturated) -> None:
+    lay = _layout(format, k_cache, block_size, num_kv_heads, _kv_heads_dim(key, num_kv_heads), data_section_bytes)
     _metrale.reshape_and_cache(_dl(key), _dl(value), _dl(slot_mapping), lay, _dl(k_cache), _dl(v_cache),
-                               _scales(scales), None, None if saturated is None else _dl(saturated), _stream(key))
+                               scales_of(lay.format, k_scale, v_scale), None, None if saturated is None else _dl(saturated),
+                               _stream(key))
 
 
 # Two operators, not one with `saturated: Optional[Tensor] = None`: torch 2.11's
@@ -147,91 +136,103 @@ def _write(key, value, slot_mapping, k_cache, v_cache, layout, scales, saturated
 # IndexError (torch 2.15 checks the bound).
 @torch.library.custom_op("metrale::reshape_and_cache", mutates_args=("k_cache", "v_cache"))
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, layout: List[int], scales: List[float]) -> None:
+                      v_cache: torch.Tensor, format: str, block_size: int, num_kv_heads: int, k_scale: float,
+                      v_scale: float, data_section_bytes: int = 0) -> None:
     """metrale.reshape_and_cache as an operator (negative slots are padding; slots past the
     capacity are skipped): key / value read where they lie (token and head strides)."""
-    _write(key, value, slot_mapping, k_cache, v_cache, layout, scales, None)
+    _write(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale,
+           data_section_bytes, None)
 
 
 @reshape_and_cache.register_fake
-def _(key, value, slot_mapping, k_cache, v_cache, layout, scales) -> None:
+def _(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale,
+      data_section_bytes=0) -> None:
     return None
 
 
 @torch.library.custom_op("metrale::reshape_and_cache_counted", mutates_args=("k_cache", "v_cache", "saturated"))
 def reshape_and_cache_counted(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
-                              k_cache: torch.Tensor, v_cache: torch.Tensor, layout: List[int], scales: List[float],
-                              saturated: torch.Tensor) -> None:
+                              k_cache: torch.Tensor, v_cache: torch.Tensor, format: str, block_size: int,
+                              num_kv_heads: int, k_scale: float, v_scale: float, saturated: torch.Tensor,
+                              data_section_bytes: int = 0) -> None:
     """reshape_and_cache that also adds the write's clipped K and V elements to ``saturated``'s
     two int64 counters (no synchronisation)."""
-    _write(key, value, slot_mapping, k_cache, v_cache, layout, scales, saturated)
+    _write(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale,
+           data_section_bytes, saturated)
 
 
 @reshape_and_cache_counted.register_fake
-def _(key, value, slot_mapping, k_cache, v_cache, layout, scales, saturated) -> None:
+def _(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale, saturated,
+      data_section_bytes=0) -> None:
     return None
 
 
-@torch.library.custom_op("metrale::decode", mutates_args=())
-def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-           seq_lens: torch.Tensor, layout: List[int], scales: List[float], sm_scale: float, sliding_window: int,
-           max_seq_len: int) -> torch.Tensor:
-    """Paged decode of one query row per sequence, with the planner's plan for this shape."""
-    lay = _layout(layout)
-    d = int(lay.head_dim)
-    hq = _q_heads(q, d)
-    n = int(q.shape[0])
-    out = torch.empty((n, hq, d), dtype=torch.bfloat16, device=q.device)
-    if n == 0:
-        return out
-    plan = _plan(q.device, n, hq, lay, layout, _check_max_seq_len(block_tables, lay, max_seq_len),
-                 int(sliding_window), 1, 0, False)
-    ws = _workspace(plan, q)
-    _metrale.run_decode(plan, _dl(q), lay, _dl(k_cache), _dl(v_cache), _scales(scales), _dl(block_tables),
-                        _dl(seq_lens), float(sm_scale), _dl(out), None if ws is None else _dl(ws),
-                        int(sliding_window), _stream(q))
-    return out
+def _check_q(q: torch.Tensor) -> Tuple[int, int, int]:
+    """(rows, q heads, head_dim) of the operator's q (3-D or 4-D: head_dim is its last dimension)."""
+    if q.dim() not in (3, 4):
+        raise ValueError(f"'q': shape {tuple(q.shape)}; expected (rows, num_q_heads, head_dim) (any row and head "
+                         "strides, unit inner stride), (batch, heads, 1, head_dim) or (1, heads, rows, head_dim)")
+    d = int(q.shape[-1])
+    rows, hq = _q_shape(q, d, None)
+    return rows, hq, d
 
 
-@decode.register_fake
-def _(q, k_cache, v_cache, block_tables, seq_lens, layout, scales, sm_scale, sliding_window, max_seq_len):
-    d = int(layout[4])
-    return q.new_empty((q.shape[0], _q_heads(q, d), d), dtype=torch.bfloat16)
+def _plan(q: torch.Tensor, lay, num_seqs: int, num_q_heads: int, max_seq_len: int, window: int, max_q_len: int,
+          rows: int, query_runs: bool, options: bool):
+    index = -1 if q.device.type == "cpu" else (q.device.index if q.device.index is not None
+                                               else torch.cuda.current_device())
+    layout_key = (lay.format, int(lay.num_blocks), int(lay.block_size), int(lay.num_kv_heads), int(lay.head_dim),
+                  int(lay.page_stride_bytes), int(lay.data_section_bytes))
+    key = (index, num_seqs, num_q_heads, layout_key, max_seq_len, window, max_q_len, rows, query_runs, options)
+    return _PLANS.get(key, lambda: _metrale.plan_attention(num_seqs, num_q_heads, lay, max_seq_len, window, index,
+                                                           max_q_len, rows, options, query_runs, 0, "automatic", 0))
 
 
-@torch.library.custom_op("metrale::attend", mutates_args=())
-def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_start: torch.Tensor,
-           block_tables: torch.Tensor, seq_lens: torch.Tensor, sinks: Optional[torch.Tensor], layout: List[int],
-           scales: List[float], sm_scale: float, sliding_window: int, softcap: float, max_q_len: int,
-           max_seq_len: int) -> torch.Tensor:
-    """Query runs over the paged cache (SYSTEM.md 8): sequence i's rows are q[q_start[i]:q_start[i+1]],
-    causal, aligned to the end of its cache; ``max_q_len`` must bound every run."""
-    lay = _layout(layout)
-    d = int(lay.head_dim)
-    hq = _q_heads(q, d)
-    rows = int(q.shape[0])
+@torch.library.custom_op("metrale::attention", mutates_args=())
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+              seq_lens: torch.Tensor, format: str, block_size: int, num_kv_heads: int, k_scale: float = 1.0,
+              v_scale: float = 1.0, q_start: Optional[torch.Tensor] = None, max_q_len: int = 0,
+              max_seq_len: int = 0, sliding_window: int = 0, sm_scale: Optional[float] = None,
+              sinks: Optional[torch.Tensor] = None, softcap: float = 0.0, return_lse: bool = False,
+              data_section_bytes: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the paged cache for every query shape (module docstring): returns
+    (out, lse), lse empty unless ``return_lse``."""
+    rows, hq, d = _check_q(q)
+    lay = _layout(format, k_cache, block_size, num_kv_heads, d, data_section_bytes)
     out = torch.empty((rows, hq, d), dtype=torch.bfloat16, device=q.device)
-    num_seqs = int(q_start.shape[0]) - 1
-    if rows == 0 or num_seqs <= 0:
-        return out
-    if max_q_len < 1:
-        raise ValueError(f"'max_q_len' = {max_q_len!r}; expected an int >= 1 bounding every run")
-    options = sinks is not None or softcap > 0
-    plan = _plan(q.device, num_seqs, hq, lay, layout, _check_max_seq_len(block_tables, lay, max_seq_len),
-                 int(sliding_window), int(max_q_len), rows, options)
-    ws = _workspace(plan, q)
-    _metrale.attend(plan, _dl(q), hq, lay, _dl(k_cache), _dl(v_cache), _scales(scales), _dl(q_start),
-                    _dl(block_tables), _dl(seq_lens), int(sliding_window), float(sm_scale),
-                    None if sinks is None else _dl(sinks), float(softcap), _dl(out), None,
-                    None if ws is None else _dl(ws), int(max_q_len), _stream(q))
-    return out
+    lse = torch.empty((rows, hq) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if block_tables.dim() != 2:
+        raise ValueError(f"'block_tables': shape {tuple(block_tables.shape)}; expected (num_seqs, "
+                         "max_blocks_per_seq)")
+    capacity = int(block_tables.shape[1]) * int(block_size)
+    num_seqs = int(block_tables.shape[0]) if q_start is not None else rows
+    if num_seqs == 0:
+        return out, lse
+    if q_start is not None and max_q_len < 1:
+        max_q_len = int((q_start[1:] - q_start[:-1]).max()) if not q_start.is_cuda and q_start.numel() > 1 \
+            else capacity
+    if max_seq_len < 1:
+        max_seq_len = int(seq_lens.max()) if not seq_lens.is_cuda and seq_lens.numel() else capacity
+    options = sinks is not None or softcap > 0 or return_lse
+    plan = _plan(q, lay, num_seqs, hq, int(max_seq_len), int(sliding_window), max(int(max_q_len), 1), rows,
+                 q_start is not None, options)
+    n = int(plan.workspace_bytes)
+    ws = None if n == 0 else torch.empty(((n + 3) // 4,), dtype=torch.float32, device=q.device)
+    sm = float(sm_scale) if sm_scale is not None else 1.0 / (d ** 0.5)
+    _metrale.attention(plan, _dl(q), lay, _dl(k_cache), _dl(v_cache), scales_of(lay.format, k_scale, v_scale),
+                       None if q_start is None else _dl(q_start), _dl(block_tables), _dl(seq_lens),
+                       int(sliding_window), sm, None if sinks is None else _dl(sinks), float(softcap), _dl(out),
+                       _dl(lse) if return_lse else None, None if ws is None else _dl(ws), _stream(q))
+    return out, lse
 
 
-@attend.register_fake
-def _(q, k_cache, v_cache, q_start, block_tables, seq_lens, sinks, layout, scales, sm_scale, sliding_window, softcap,
-      max_q_len, max_seq_len):
-    d = int(layout[4])
-    return q.new_empty((q.shape[0], _q_heads(q, d), d), dtype=torch.bfloat16)
+@attention.register_fake
+def _(q, k_cache, v_cache, block_tables, seq_lens, format, block_size, num_kv_heads, k_scale=1.0, v_scale=1.0,
+      q_start=None, max_q_len=0, max_seq_len=0, sliding_window=0, sm_scale=None, sinks=None, softcap=0.0,
+      return_lse=False, data_section_bytes=0):
+    rows, hq, d = _check_q(q)
+    return (q.new_empty((rows, hq, d), dtype=torch.bfloat16),
+            q.new_empty((rows, hq) if return_lse else (0,), dtype=torch.float32))
 
 
-__all__ = ["layout_spec", "reshape_and_cache", "reshape_and_cache_counted", "decode", "attend"]
+__all__ = ["reshape_and_cache", "reshape_and_cache_counted", "attention"]

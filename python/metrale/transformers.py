@@ -63,7 +63,6 @@ except ImportError as e:  # pragma: no cover - exercised only without transforme
 
 from . import torch_ops  # noqa: F401 (registers torch.ops.metrale.*)
 from .cache import PagedKVCache
-from .ops import fp8_scale_from_absmax, nvfp4_global_scale_from_absmax
 from ._metrale import KvFormat
 
 ATTN_IMPLEMENTATION = "metrale"
@@ -195,8 +194,7 @@ class PagedCache(Cache):
         super().reset()
         self._clear()
         if self.kv is not None:
-            self.kv._written = [False] * self.kv.num_layers
-            self.kv.reset_calibration()
+            self.kv.forget_tokens()
 
     @property
     def device(self) -> Optional[torch.device]:
@@ -215,7 +213,6 @@ class PagedCache(Cache):
             self._device = device
         self.kv = PagedKVCache(self.format, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
                                num_layers=len(self.windows), device=str(self._device))
-        self._spec = torch_ops.layout_spec(self.kv.layout)
         # Per layer, as torch tensors sharing the cache's memory (CPU pages and counters are NumPy
         # arrays): (K pages, V pages, saturation counters), made once for every later call.
         def as_torch(x):
@@ -481,17 +478,12 @@ class PagedCache(Cache):
         """Scales of `layer` from the absmax of the real rows (slots (batch, n) >= 0) of its first
         K/V (batch, kv_heads, n, head_dim), before writing."""
         self._calibrated[layer] = True
-        fmt = self.kv.format
-        if fmt == KvFormat.bf16:
+        if self.kv.format == KvFormat.bf16:
             return
         real = (slots >= 0).view(slots.shape[0], 1, slots.shape[1], 1)  # key: (batch, kv_heads, n, head_dim)
         k = float(torch.where(real, key, torch.zeros((), dtype=key.dtype, device=key.device)).abs().amax())
         v = float(torch.where(real, value, torch.zeros((), dtype=value.dtype, device=value.device)).abs().amax())
-        if fmt == KvFormat.fp8_e4m3:
-            self.kv.set_scales(layer, k_scale=fp8_scale_from_absmax(k), v_scale=fp8_scale_from_absmax(v))
-        else:
-            self.kv.set_scales(layer, k_global_scale=nvfp4_global_scale_from_absmax(k),
-                               v_global_scale=nvfp4_global_scale_from_absmax(v))
+        self.kv.calibrate_from_absmax(layer, k, v)
 
     def _plan_len(self, max_len: int) -> int:
         """The decode plan's max_seq_len: the longest sequence rounded up to a power of two (>= 256),
@@ -509,31 +501,37 @@ class PagedCache(Cache):
             self._calibrate(layer, key, value, slots)
         view = self.kv.layer(layer)
         k_cache, v_cache, sat = self._pages[layer]
-        scales = list(view.scales)
+        fmt, k_scale, v_scale = self.format, *view.tensor_scales
         # K/V are read where they lie (head-major (batch, kv_heads, n, head_dim) views, strided
         # writes): no copy. One token per sequence: one write of (batch, kv_heads, head_dim) rows;
         # a prompt: one write per sequence of its (n, kv_heads, head_dim) view. Clipped elements
         # (values past the prompt's calibrated range) are counted per layer in `sat`: saturated().
+        hkv, bs = self.num_kv_heads, self.block_size
         if n == 1:
             torch.ops.metrale.reshape_and_cache_counted(key[:, :, 0], value[:, :, 0], step.slots, k_cache,
-                                                        v_cache, self._spec, scales, sat)
+                                                        v_cache, fmt, bs, hkv, k_scale, v_scale, sat)
         else:
             for b in range(batch):
                 torch.ops.metrale.reshape_and_cache_counted(key[b].transpose(0, 1), value[b].transpose(0, 1),
-                                                            slots[b], k_cache, v_cache, self._spec, scales, sat)
-        self.kv._written[layer] = True
+                                                            slots[b], k_cache, v_cache, fmt, bs, hkv, k_scale,
+                                                            v_scale, sat)
+        self.kv.mark_written(layer)
         sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
         table, lens = self._dev["table"], self._dev["lens"]
         plan_len = self._plan_len(step.max_len)
-        if n == 1 and sinks is None and softcap == 0:
-            out = torch.ops.metrale.decode(query.reshape(batch, hq, d), k_cache, v_cache, table, lens, self._spec,
-                                           scales, sm, window, plan_len)
+        if n == 1 and step.rows is None:  # decode: (batch, heads, 1, d) as it comes
+            out, _ = torch.ops.metrale.attention(query, k_cache, v_cache, table, lens, fmt, bs, hkv, k_scale,
+                                                 v_scale, max_seq_len=plan_len, sliding_window=window,
+                                                 sm_scale=sm, sinks=sinks, softcap=softcap)
             return out.view(batch, 1, hq, d)
-        q_rows = query.transpose(1, 2).reshape(batch * n, hq, d)
+        # (batch, heads, n, d) -> rows (batch*n, heads, d): a view at batch 1 (heads strided), a
+        # copy otherwise; padding rows dropped.
+        q_rows = query[0].transpose(0, 1) if batch == 1 else query.transpose(1, 2).reshape(batch * n, hq, d)
         if step.rows is not None:
             q_rows = q_rows.index_select(0, step.rows)
-        out = torch.ops.metrale.attend(q_rows, k_cache, v_cache, step.q_start, table, lens, sinks, self._spec,
-                                       scales, sm, window, softcap, step.max_q_len, plan_len)
+        out, _ = torch.ops.metrale.attention(q_rows, k_cache, v_cache, table, lens, fmt, bs, hkv, k_scale, v_scale,
+                                             q_start=step.q_start, max_q_len=step.max_q_len, max_seq_len=plan_len,
+                                             sliding_window=window, sm_scale=sm, sinks=sinks, softcap=softcap)
         if step.rows is None:
             return out.view(batch, n, hq, d)
         full = out.new_zeros((batch * n, hq, d))

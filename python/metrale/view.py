@@ -5,8 +5,28 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 
+from . import _metrale
 from ._metrale import KvCacheLayout, KvFormat
 from ._arrays import ArrayLike, _require_array
+
+# The order of the per-tensor scales wherever they travel as a tuple (the extension's).
+SCALE_NAMES: Tuple[str, ...] = tuple(_metrale.KV_SCALE_NAMES)
+_SCALE_INDEX = {name: i for i, name in enumerate(SCALE_NAMES)}
+
+
+def tensor_scale_names(format: KvFormat) -> Tuple[str, ...]:
+    """The names of the two per-tensor scales `format` takes (K's, V's); () for bf16."""
+    return tuple(_metrale.kv_tensor_scale_names(format))
+
+
+def scales_of(format: KvFormat, k_scale: float, v_scale: float) -> Tuple[float, float, float, float]:
+    """The four scales (SCALE_NAMES order) of a cache of `format` whose two per-tensor scales
+    are k_scale and v_scale (FP8's scales, NVFP4's global scales; the others 1)."""
+    s = [1.0] * len(SCALE_NAMES)
+    names = tensor_scale_names(format)
+    if names:
+        s[_SCALE_INDEX[names[0]]], s[_SCALE_INDEX[names[1]]] = float(k_scale), float(v_scale)
+    return tuple(s)  # type: ignore[return-value]
 
 
 class KVCacheView:
@@ -32,18 +52,32 @@ class KVCacheView:
         self.layout = layout
         self.k = k
         self.v = v
-        self._s = _scales if _scales is not None else [float(k_scale), float(v_scale), float(k_global_scale),
-                                                       float(v_global_scale)]
+        given = {"k_scale": k_scale, "v_scale": v_scale, "k_global_scale": k_global_scale,
+                 "v_global_scale": v_global_scale}
+        self._s = _scales if _scales is not None else [float(given[n]) for n in SCALE_NAMES]
 
-    k_scale = property(lambda self: self._s[0], lambda self, x: self._s.__setitem__(0, float(x)))
-    v_scale = property(lambda self: self._s[1], lambda self, x: self._s.__setitem__(1, float(x)))
-    k_global_scale = property(lambda self: self._s[2], lambda self, x: self._s.__setitem__(2, float(x)))
-    v_global_scale = property(lambda self: self._s[3], lambda self, x: self._s.__setitem__(3, float(x)))
+    k_scale = property(lambda self: self._get("k_scale"), lambda self, x: self._set("k_scale", x))
+    v_scale = property(lambda self: self._get("v_scale"), lambda self, x: self._set("v_scale", x))
+    k_global_scale = property(lambda self: self._get("k_global_scale"), lambda self, x: self._set("k_global_scale", x))
+    v_global_scale = property(lambda self: self._get("v_global_scale"), lambda self, x: self._set("v_global_scale", x))
+
+    def _get(self, name: str) -> float:
+        return self._s[_SCALE_INDEX[name]]
+
+    def _set(self, name: str, x: float) -> None:
+        self._s[_SCALE_INDEX[name]] = float(x)
 
     @property
     def scales(self) -> Tuple[float, float, float, float]:
-        """(k_scale, v_scale, k_global_scale, v_global_scale)."""
+        """The four per-tensor scales in SCALE_NAMES order (k_scale, v_scale, k_global_scale,
+        v_global_scale)."""
         return tuple(self._s)  # type: ignore[return-value]
+
+    @property
+    def tensor_scales(self) -> Tuple[float, float]:
+        """The two scales the format takes (FP8 k/v_scale, NVFP4 k/v_global_scale; bf16: 1, 1)."""
+        names = tensor_scale_names(self.layout.format)
+        return (self._get(names[0]), self._get(names[1])) if names else (1.0, 1.0)
 
     @property
     def format(self) -> KvFormat:

@@ -102,7 +102,7 @@ FORMATS = ["bf16", "fp8", "nvfp4"]
 def test_decode_single_pass(rng, fmt, window, Hq, Hkv, D, B):
     b = Batch(rng, fmt, Hq=Hq, Hkv=Hkv, D=D, B=B, max_len=120 if D < 256 else 70)
     out = poisoned_out(len(b.seq_lens), Hq, D)
-    r = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, out, sliding_window=window)
+    r = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, out, sliding_window=window)
     assert r is out
     check_out(out, b.reference(window))
     assert np.all(ref.bf16_value(out[b.seq_lens == 0]) == 0)
@@ -139,12 +139,13 @@ def test_planner_splits_a_long_small_batch_and_runs_it(rng):
 def test_splitk_equals_single_pass(rng, fmt, num_splits, window):
     b = Batch(rng, fmt, num_seqs=4, max_len=200)
     n = len(b.seq_lens)
-    single = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=window)
+    single = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=window)
     ws = np.full(metrale.splitk_workspace_bytes(n, 8, 64, num_splits) // 4, np.nan, dtype=np.float32)
-    metrale.decode_splitk(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, ws, num_splits,
-                          sliding_window=window)
+    r = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=window,
+                          num_splits=num_splits, merge="states_only", workspace=ws)
+    assert r is ws
     out = poisoned_out(n, 8, 64)
-    metrale.decode_reduce(ws, out, num_splits)
+    metrale.reduce_states(ws, out, num_splits)
     expect = b.reference(window)
     check_out(out, expect)
     # Both are f32 accumulations rounded to bf16: equal to within a bf16 rounding or two.
@@ -162,7 +163,7 @@ def test_reduce_merges_states_from_anywhere(rng):
     l[:, :, 1] = 0
     ws = np.concatenate([o, m[..., None], l[..., None]], axis=-1).reshape(-1)
     out = poisoned_out(S, Hq, D)
-    metrale.decode_reduce(ws, out, P)
+    metrale.reduce_states(ws, out, P)
     M = m.max(axis=-1, keepdims=True).astype(np.float64)
     w = l * np.exp(m - M)
     expect = (w[..., None] * o).sum(axis=2) / w.sum(axis=-1)[..., None]
@@ -174,7 +175,7 @@ def test_strided_q_and_fused_qkv_rows(rng):
     qkv = np.zeros((3, 8 * 64 + 4 * 64 + 8), dtype=np.uint16)
     qkv[:, : 8 * 64] = b.q.reshape(3, -1)
     q_view = qkv[:, : 8 * 64].reshape(3, 8, 64)  # rows strided, heads contiguous
-    out = metrale.decode(q_view, b.cache.layer(0), b.block_tables, b.seq_lens)
+    out = metrale.attention(q_view, b.cache.layer(0), b.block_tables, b.seq_lens)
     check_out(out, b.reference())
 
 
@@ -183,7 +184,7 @@ def test_accepts_torch_cpu_tensors(rng):
     b = Batch(rng, "bf16", num_seqs=3, max_len=50)
     q = torch.from_numpy(b.q.view(np.int16)).view(torch.bfloat16)
     out = torch.empty((3, 8, 64), dtype=torch.bfloat16)
-    metrale.decode(q, b.cache.layer(0), torch.from_numpy(b.block_tables), torch.from_numpy(b.seq_lens), out)
+    metrale.attention(q, b.cache.layer(0), torch.from_numpy(b.block_tables), torch.from_numpy(b.seq_lens), out)
     check_out(out.view(torch.int16).numpy().view(np.uint16), b.reference())
 
 
@@ -304,18 +305,18 @@ def small(rng):
 
 def test_bad_q_dtype(small):
     with pytest.raises(TypeError, match=r"'q'.*bfloat16.*float32"):
-        metrale.decode(small.q.astype(np.float32), small.cache.layer(0), small.block_tables, small.seq_lens)
+        metrale.attention(small.q.astype(np.float32), small.cache.layer(0), small.block_tables, small.seq_lens)
 
 
 def test_bad_q_shape(small):
-    with pytest.raises(ValueError, match=r"'q'.*expected shape"):
-        metrale.decode(small.q[:, :, :32], small.cache.layer(0), small.block_tables, small.seq_lens)
+    with pytest.raises(ValueError, match=r"'q'.*expected.*shape"):
+        metrale.attention(small.q[:, :, :32], small.cache.layer(0), small.block_tables, small.seq_lens)
 
 
 def test_bad_gqa_ratio(small):
     q = np.zeros((3, 3, 64), dtype=np.uint16)
     with pytest.raises(ValueError, match=r"num_q_heads.*3.*num_kv_heads = 2"):
-        metrale.decode(q, small.cache.layer(0), small.block_tables, small.seq_lens)
+        metrale.attention(q, small.cache.layer(0), small.block_tables, small.seq_lens)
     with pytest.raises(ValueError, match=r"num_q_heads.*num_kv_heads = 2"):
         metrale.Planner(3, 5, small.cache.layout, 40)
 
@@ -323,38 +324,40 @@ def test_bad_gqa_ratio(small):
 def test_bad_table_dtypes_and_shapes(small):
     view = small.cache.layer(0)
     with pytest.raises(TypeError, match=r"'block_tables'.*int32.*int16"):  # int64 host tables are converted
-        metrale.decode(small.q, view, small.block_tables.astype(np.int16), small.seq_lens)
+        metrale.attention(small.q, view, small.block_tables.astype(np.int16), small.seq_lens)
     with pytest.raises(TypeError, match=r"'seq_lens'.*int32"):
-        metrale.decode(small.q, view, small.block_tables, small.seq_lens.astype(np.float32))
+        metrale.attention(small.q, view, small.block_tables, small.seq_lens.astype(np.float32))
     with pytest.raises(ValueError, match=r"'seq_lens'.*shape \(3,\)"):
-        metrale.decode(small.q, view, small.block_tables, small.seq_lens[:2])
+        metrale.attention(small.q, view, small.block_tables, small.seq_lens[:2])
     with pytest.raises(ValueError, match=r"'block_tables'.*num_seqs = 3"):
-        metrale.decode(small.q, view, small.block_tables[:2], small.seq_lens)
+        metrale.attention(small.q, view, small.block_tables[:2], small.seq_lens)
 
 
 def test_bad_out(small):
     view = small.cache.layer(0)
     with pytest.raises(ValueError, match=r"'out'.*shape"):
-        metrale.decode(small.q, view, small.block_tables, small.seq_lens, np.zeros((3, 8, 32), np.uint16))
+        metrale.attention(small.q, view, small.block_tables, small.seq_lens, np.zeros((3, 8, 32), np.uint16))
     strided = np.zeros((3, 8, 128), np.uint16)[:, :, ::2]
     with pytest.raises(ValueError, match=r"'out'"):
-        metrale.decode(small.q, view, small.block_tables, small.seq_lens, strided)
+        metrale.attention(small.q, view, small.block_tables, small.seq_lens, strided)
     with pytest.raises(TypeError, match=r"'out'.*bfloat16"):
-        metrale.decode(small.q, view, small.block_tables, small.seq_lens, np.zeros((3, 8, 64), np.float32))
+        metrale.attention(small.q, view, small.block_tables, small.seq_lens, np.zeros((3, 8, 64), np.float32))
 
 
 def test_bad_workspace(small):
     view = small.cache.layer(0)
     need = metrale.splitk_workspace_bytes(3, 8, 64, 4)
     ws = np.zeros(need // 4 - 1, np.float32)
-    with pytest.raises(ValueError, match=rf"'workspace'.*at least {need}"):
-        metrale.decode_splitk(small.q, view, small.block_tables, small.seq_lens, ws, 4)
+    states = dict(num_splits=4, merge="states_only")
+    with pytest.raises(ValueError, match=rf"workspace_bytes.*>= {need}"):
+        metrale.attention(small.q, view, small.block_tables, small.seq_lens, workspace=ws, **states)
     with pytest.raises(TypeError, match=r"'workspace'.*float32"):
-        metrale.decode_splitk(small.q, view, small.block_tables, small.seq_lens, np.zeros(need, np.uint8), 4)
+        metrale.attention(small.q, view, small.block_tables, small.seq_lens, workspace=np.zeros(need, np.uint8),
+                          **states)
     with pytest.raises(ValueError, match=r"num_splits"):
-        metrale.decode_splitk(small.q, view, small.block_tables, small.seq_lens, ws, 0)
+        metrale.attention(small.q, view, small.block_tables, small.seq_lens, workspace=ws, num_splits=-1)
     with pytest.raises(ValueError, match=r"workspace_bytes"):
-        metrale.decode_reduce(ws, np.zeros((3, 8, 64), np.uint16), 4)
+        metrale.reduce_states(ws, np.zeros((3, 8, 64), np.uint16), 4)
 
 
 def test_bad_alignment_and_strides(small):
@@ -362,10 +365,10 @@ def test_bad_alignment_and_strides(small):
     flat = np.zeros(3 * 8 * 64 + 1, np.uint16)
     misaligned = flat[1:].reshape(3, 8, 64)
     with pytest.raises(ValueError, match=r"'q'.*16-byte aligned"):
-        metrale.decode(misaligned, view, small.block_tables, small.seq_lens)
+        metrale.attention(misaligned, view, small.block_tables, small.seq_lens)
     rows = np.zeros((3, 8 * 64 + 4), np.uint16)[:, : 8 * 64]  # row stride 516: not a multiple of 8
-    with pytest.raises(ValueError, match=r"'q'.*row stride 516.*multiple of 8"):
-        metrale.decode(rows, view, small.block_tables, small.seq_lens, num_q_heads=8)
+    with pytest.raises(ValueError, match=r"'q_stride' = 516.*multiple of 8"):
+        metrale.attention(rows, view, small.block_tables, small.seq_lens, num_q_heads=8)
     k, v = make_kv(np.random.default_rng(1), 2, 2, 64)
     with pytest.raises(ValueError, match=r"'key'.*contiguous"):
         small.cache.write(0, np.ascontiguousarray(k.transpose(0, 2, 1)).transpose(0, 2, 1), v,
@@ -409,7 +412,7 @@ def test_planner_checks(small):
     with pytest.raises(ValueError, match=r"'cache'.*does not match the planner"):
         plan.run(small.q, other.layer(0), small.block_tables, small.seq_lens)
     big_q = np.zeros((4, 8, 64), np.uint16)
-    with pytest.raises(ValueError, match=r"'q': 4 sequences; expected at most num_seqs = 3"):
+    with pytest.raises(ValueError, match=r"'q': 4 rows.*expected at most num_seqs = 3"):
         plan.run(big_q, small.cache.layer(0), np.zeros((4, 3), np.int32), np.zeros(4, np.int32))
     with pytest.raises(ValueError, match=r"sliding_window"):
         metrale.Planner(3, 8, small.cache.layout, 40, sliding_window=-1)
@@ -458,7 +461,7 @@ def test_user_buffers_and_calibrator(rng):
     assert metrale.reshape_and_cache(k, v, slots, view) == 0
     q = ref.bf16_bits(rng.standard_normal((1, 4, 64)))
     seq_lens = np.array([50], dtype=np.int32)
-    out = metrale.decode(q, view, block_tables, seq_lens, sliding_window=20)
+    out = metrale.attention(q, view, block_tables, seq_lens, sliding_window=20)
     kf = ref.dequant_cache("fp8", kbuf.reshape(6, -1), lay, ks)
     vf = ref.dequant_cache("fp8", vbuf.reshape(6, -1), lay, vs)
     check_out(out, ref.decode_ref(q, kf, vf, block_tables, seq_lens, 16, 1 / 8, 20))
@@ -466,7 +469,7 @@ def test_user_buffers_and_calibrator(rng):
 
 def test_empty_batch():
     cache = metrale.PagedKVCache("bf16", 2, 16, 2, 64)
-    out = metrale.decode(np.zeros((0, 4, 64), np.uint16), cache.layer(0), np.zeros((0, 1), np.int32),
+    out = metrale.attention(np.zeros((0, 4, 64), np.uint16), cache.layer(0), np.zeros((0, 1), np.int32),
                          np.zeros(0, np.int32))
     assert out.shape == (0, 4, 64)
     assert cache.write(0, np.zeros((0, 2, 64), np.uint16), np.zeros((0, 2, 64), np.uint16),
@@ -492,81 +495,77 @@ def test_read_only_inputs_are_accepted(rng):
     b = Batch(rng, "bf16", num_seqs=2, max_len=40)
     for a in (b.q, b.block_tables, b.seq_lens):
         a.setflags(write=False)
-    out = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    out = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
     check_out(out, b.reference())
     ro_out = np.zeros((2, 8, 64), np.uint16)
     ro_out.setflags(write=False)
     with pytest.raises(ValueError, match=r"'out': read-only"):
-        metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, ro_out)
+        metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, ro_out)
 
 
 def test_planner_binds_the_plan_and_its_options(rng):
     b = Batch(rng, "bf16", num_seqs=3, lens=[700, 0, 1300], max_len=1300, Hq=8, Hkv=2, D=64, B=16)
-    plan = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=3, pairing="off")
-    assert isinstance(plan.plan, metrale.DecodePlan)
-    assert (plan.num_splits, plan.plan.merge, plan.plan.load_path) == (3, "workspace", "registers")
-    assert plan.plan.grid == (3 * 2, 3) and not plan.plan.pair_kv_heads
+    plan = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=3)
+    assert isinstance(plan.plan, metrale.AttnPlan)
+    assert (plan.plan.kernel, plan.num_splits, plan.plan.merge) == ("decode", 3, "workspace")
+    assert plan.plan.grid[1] == 3 and plan.plan.num_q_rows == 3
     assert plan.workspace_bytes == metrale.splitk_workspace_bytes(3, 8, 64, 3)
-    assert "DecodePlan(num_splits=3" in repr(plan)
+    assert "AttnPlan(kernel=decode, num_splits=3, merge=workspace" in repr(plan)
     out = poisoned_out(3, 8, 64)
     plan.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, out)
     check_out(out, b.reference())
-    pair = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", pairing="on")
-    assert pair.plan.pair_kv_heads and pair.plan.grid[0] == 3
+    single = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", merge="single_pass")
+    assert (single.num_splits, single.plan.merge, single.workspace) == (1, "single_pass", None)
     with pytest.raises(ValueError, match="merge"):
         metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", merge="sideways")
-    with pytest.raises(ValueError, match="load_path"):  # the CPU target has no TMA
-        metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", load_path="tma")
     with pytest.raises(ValueError, match="num_splits"):
         metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=-1)
+    with pytest.raises(ValueError, match="num_splits"):
+        metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=metrale.MAX_SPLITS + 1)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_attend_rows_are_decodes_of_their_prefixes(rng, fmt):
+def test_query_rows_are_decodes_of_their_prefixes(rng, fmt):
     b = Batch(rng, fmt, num_seqs=3, lens=[40, 0, 90], max_len=90, Hq=8, Hkv=2, D=64, B=16)
     runs = np.array([3, 0, 5], dtype=np.int32)
     q_start = np.concatenate([[0], np.cumsum(runs)]).astype(np.int32)
     rows = int(q_start[-1])
     q = ref.bf16_bits(rng.standard_normal((rows, 8, 64)))
     lse = np.full((rows, 8), np.nan, dtype=np.float32)
-    out = metrale.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, lse=lse, sliding_window=20)
+    out = metrale.attention(q, b.cache.layer(0), b.block_tables, b.seq_lens, q_start=q_start, lse=lse,
+                            sliding_window=20)
     assert out.shape == (rows, 8, 64) and np.isfinite(lse).all()
     for s in range(3):
         for j in range(int(runs[s])):
             row = int(q_start[s]) + j
             pos_len = np.array([int(b.seq_lens[s]) - int(runs[s]) + j + 1], dtype=np.int32)
-            one = metrale.decode(q[row:row + 1], b.cache.layer(0), b.block_tables[s:s + 1], pos_len,
-                                 sliding_window=20)
+            one = metrale.attention(q[row:row + 1], b.cache.layer(0), b.block_tables[s:s + 1], pos_len,
+                                    sliding_window=20)
             assert np.array_equal(one[0], out[row]), (s, j)
-    # The planner's plan for runs of up to 5 rows, split-K: the same within rounding; -inf sinks are none.
+    # The planner's plan for runs of up to 5 rows, split-K: the same within rounding; -inf sinks are none;
+    # lse asked for is returned.
     plan = metrale.Planner(3, 8, b.cache.layout, 90, sliding_window=20, device="cpu", num_splits=3, max_q_len=5,
                            num_q_rows=rows, attn_options=True)
-    assert plan.plan.max_q_len == 5 and plan.plan.runs_kernel
+    assert plan.plan.max_q_len == 5 and plan.plan.kernel == "query_runs"
     sinks = np.full(8, -np.inf, dtype=np.float32)
-    split = plan.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, sinks=sinks)
+    split, split_lse = plan.run(q, b.cache.layer(0), b.block_tables, b.seq_lens, q_start=q_start, sinks=sinks,
+                                return_lse=True)
     np.testing.assert_allclose(metrale.from_bf16(split), metrale.from_bf16(out), rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(split_lse, lse, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="q_start"):
-        metrale.attend(q, b.cache.layer(0), np.array([0, 5, 3, 8], dtype=np.int32), b.block_tables, b.seq_lens)
+        metrale.attention(q, b.cache.layer(0), b.block_tables, b.seq_lens,
+                          q_start=np.array([0, 5, 3, 8], dtype=np.int32))
     # Runs of at most one row go through the runs kernel too (q_start given); a decode Planner says so.
     ones = np.array([0, 1, 1, 2], dtype=np.int32)
-    single = metrale.attend(q[:2], b.cache.layer(0), ones, b.block_tables, b.seq_lens, sliding_window=20)
-    dec = metrale.decode(q[[0, 0, 1]], b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=20)
+    single = metrale.attention(q[:2], b.cache.layer(0), b.block_tables, b.seq_lens, q_start=ones,
+                               sliding_window=20)
+    dec = metrale.attention(q[[0, 0, 1]], b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=20)
     assert np.array_equal(single[0], dec[0]) and np.array_equal(single[1], dec[2])
     with pytest.raises(ValueError, match="max_q_len"):
-        metrale.Planner(3, 8, b.cache.layout, 90, device="cpu").attend(q[:2], b.cache.layer(0), ones,
-                                                                      b.block_tables, b.seq_lens)
+        metrale.Planner(3, 8, b.cache.layout, 90, device="cpu").run(q[:2], b.cache.layer(0), b.block_tables,
+                                                                   b.seq_lens, q_start=ones)
     with pytest.raises(ValueError, match="softcap"):
-        metrale.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, softcap=-1.0)
-    # The prefill kernel's plan (forced; a single pass): the CPU backend gives the same rows.
-    if fmt != "bf16":  # bf16's prefill loads need TMA, which the CPU target has not
-        pre = metrale.Planner(3, 8, b.cache.layout, 90, sliding_window=20, device="cpu", max_q_len=5,
-                              num_q_rows=rows, prefill="on")
-        assert pre.plan.prefill and pre.num_splits == 1 and "prefill=True" in repr(pre.plan)
-        same = pre.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens)
-        assert np.array_equal(same, out)
-    with pytest.raises(ValueError, match="prefill"):
-        metrale.Planner(3, 8, b.cache.layout, 90, device="cpu", max_q_len=5, prefill="sometimes")
-    assert not metrale.Planner(3, 8, b.cache.layout, 90, device="cpu", max_q_len=5).plan.prefill
+        metrale.attention(q, b.cache.layer(0), b.block_tables, b.seq_lens, q_start=q_start, softcap=-1.0)
 
 
 def test_client_api_fixes(rng):
@@ -574,16 +573,16 @@ def test_client_api_fixes(rng):
     scales fixed once tokens are written, calibration errors naming the argument,
     the planner's device taken from the cache."""
     b = Batch(rng, "fp8", num_seqs=3, lens=[50, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
-    ref_out = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    ref_out = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
     q4 = b.q.reshape(3, 8, 1, 64)                    # (batch, heads, 1, D)
     out4 = np.empty((3, 1, 8, 64), dtype=np.uint16)  # (batch, 1, heads, D)
-    metrale.decode(q4, b.cache.layer(0), b.block_tables, b.seq_lens, out4)
+    metrale.attention(q4, b.cache.layer(0), b.block_tables, b.seq_lens, out4)
     assert np.array_equal(out4.reshape(3, 8, 64), ref_out)
     # One plan, the layer's own window per run.
     plan = metrale.Planner(3, 8, b.cache, 70)
     assert plan.device == "cpu"  # the cache's device
     win = plan.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=16)
-    want = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=16)
+    want = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=16)
     np.testing.assert_allclose(metrale.from_bf16(win), metrale.from_bf16(want), rtol=2e-2, atol=2e-2)
     # Scales are fixed once a layer holds tokens.
     with pytest.raises(ValueError, match=r"'layer' = 0.*re-calibrating"):
@@ -604,20 +603,20 @@ def test_out_has_the_callers_array_type(rng):
     torch = pytest.importorskip("torch")
     b = Batch(rng, "bf16", num_seqs=2, lens=[30, 10], max_len=30, Hq=8, Hkv=2, D=64, B=16)
     q = torch.from_numpy(b.q.view(np.int16)).view(torch.bfloat16)
-    out = metrale.decode(q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    out = metrale.attention(q, b.cache.layer(0), b.block_tables, b.seq_lens)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.device.type == "cpu"
-    want = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    want = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
     assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), want)
 
 
 def test_int64_host_tables_are_accepted(rng):
     """NumPy's (and torch's) default int64 block tables and lengths work on the host (issue 19, point 2)."""
     b = Batch(rng, "nvfp4", num_seqs=3, lens=[50, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
-    want = metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
-    got = metrale.decode(b.q, b.cache.layer(0), b.block_tables.astype(np.int64), b.seq_lens.astype(np.int64))
+    want = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    got = metrale.attention(b.q, b.cache.layer(0), b.block_tables.astype(np.int64), b.seq_lens.astype(np.int64))
     assert np.array_equal(got, want)
     with pytest.raises(ValueError, match="block_tables"):
-        metrale.decode(b.q, b.cache.layer(0), np.full_like(b.block_tables, 2**40, dtype=np.int64), b.seq_lens)
+        metrale.attention(b.q, b.cache.layer(0), np.full_like(b.block_tables, 2**40, dtype=np.int64), b.seq_lens)
 
 
 # ------------------------------------- head-strided inputs (issue 19, point 1)

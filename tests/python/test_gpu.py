@@ -143,12 +143,13 @@ def test_gpu_splitk_equals_single_pass(rng, fmt, num_splits):
     b = GpuBatch(rng, fmt, lens=lens, Hq=16, Hkv=4, D=128)
     S = len(lens)
     single = poisoned(S, 16, 128)
-    metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, single, sliding_window=700)
+    metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, single, sliding_window=700)
     ws = torch.full((metrale.splitk_workspace_bytes(S, 16, 128, num_splits) // 4,), float("nan"),
                     dtype=torch.float32, device=DEV)
-    metrale.decode_splitk(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, ws, num_splits, sliding_window=700)
+    metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=700, num_splits=num_splits,
+                      merge="states_only", workspace=ws)
     out = poisoned(S, 16, 128)
-    metrale.decode_reduce(ws, out, num_splits)
+    metrale.reduce_states(ws, out, num_splits)
     torch.cuda.synchronize()
     expect = b.reference(window=700)
     check(single, expect)
@@ -172,9 +173,9 @@ def test_gpu_bad_inputs(rng):
     b = GpuBatch(rng, "fp8", lens=[40, 20], D=64)
     view = b.cache.layer(0)
     with pytest.raises(ValueError, match=r"'block_tables' is on cpu but 'q' is on cuda"):
-        metrale.decode(b.q, view, b.block_tables.cpu(), b.seq_lens)
+        metrale.attention(b.q, view, b.block_tables.cpu(), b.seq_lens)
     with pytest.raises(TypeError, match=r"'q'.*bfloat16.*float32"):
-        metrale.decode(b.q.float(), view, b.block_tables, b.seq_lens)
+        metrale.attention(b.q.float(), view, b.block_tables, b.seq_lens)
     plan = metrale.Planner(2, 8, b.cache.layout, 40, device="cpu")
     with pytest.raises(ValueError, match=r"'q' is on cuda:0; expected cpu"):
         plan.run(b.q, view, b.block_tables, b.seq_lens)
@@ -222,7 +223,7 @@ def test_gpu_run_on_explicit_stream(rng):
     s = torch.cuda.Stream()
     out = poisoned(2, 16, 128)
     s.wait_stream(torch.cuda.current_stream())
-    metrale.decode(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, out, stream=s)
+    metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, out, stream=s)
     s.synchronize()
     check(out, b.reference())
 
@@ -242,7 +243,7 @@ class CaiOnly:
 def test_gpu_cuda_array_interface_inputs(rng):
     b = GpuBatch(rng, "fp8", lens=[300, 45, 0], D=128, Hq=8, Hkv=2)
     out = poisoned(3, 8, 128)
-    metrale.decode(b.q, b.cache.layer(0), CaiOnly(b.block_tables), CaiOnly(b.seq_lens), out)
+    metrale.attention(b.q, b.cache.layer(0), CaiOnly(b.block_tables), CaiOnly(b.seq_lens), out)
     torch.cuda.synchronize()
     check(out, b.reference())
 
@@ -283,7 +284,7 @@ def test_gpu_prefill_kernel_long_runs(rng, fmt, window):
     """Prompts and a chunk over a cached prefix (runs of 300-1200 rows) through the
     planner's kernel for long runs (the prefill kernel on the GPU): sampled rows
     against the float64 reference (each row is the decode of its prefix, window
-    per row), every row against the runs kernel (prefill="off", split-K)."""
+    per row), every row against the CPU backend, and the same with 5 splits forced."""
     lens = [1200, 1700, 300]
     runs = [1200, 400, 300]  # two prompts, a chunk of 400 over a 1300-token prefix
     Hq, Hkv, D = 16, 4, 128
@@ -296,23 +297,25 @@ def test_gpu_prefill_kernel_long_runs(rng, fmt, window):
     long_plan = metrale.Planner(S, Hq, b.cache.layout, max(lens), sliding_window=window, device=DEV,
                                 max_q_len=max(runs), num_q_rows=rows)
     if DEV == "cuda":
-        assert long_plan.plan.prefill, long_plan.plan
+        assert long_plan.plan.kernel == "prefill", long_plan.plan
     out = poisoned(rows, Hq, D)
-    long_plan.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, out)
-    runs_plan = metrale.Planner(S, Hq, b.cache.layout, max(lens), sliding_window=window, device=DEV,
-                                max_q_len=max(runs), num_q_rows=rows, prefill="off")
-    assert not runs_plan.plan.prefill
-    other = poisoned(rows, Hq, D)
-    runs_plan.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, other)
+    long_plan.run(q, b.cache.layer(0), b.block_tables, b.seq_lens, out, q_start=q_start)
+    # The CPU backend over a host copy of the cache: the same rows.
+    view = b.cache.layer(0)
+    host = metrale.KVCacheView(view.layout, view.k.cpu().numpy(), view.v.cpu().numpy(),
+                               **dict(zip(metrale.view.SCALE_NAMES, view.scales)))
+    other = metrale.attention(q_np, host, b.block_tables.cpu().numpy(), b.seq_lens.cpu().numpy(),
+                              q_start=q_start_np, sliding_window=window)
+    other = torch.from_numpy(metrale.from_bf16(other)).to(DEV)
     if DEV == "cuda":
         torch.cuda.synchronize()
     check(out, other.double(), tol=2e-2)
-    # The prefill kernel's split-K (records through the planner's workspace, then the reduce).
+    # Split-K forced (records through the planner's workspace, then the reduce).
     split_plan = metrale.Planner(S, Hq, b.cache.layout, max(lens), sliding_window=window, device=DEV,
-                                 max_q_len=max(runs), num_q_rows=rows, prefill="on", num_splits=5)
+                                 max_q_len=max(runs), num_q_rows=rows, num_splits=5)
     assert split_plan.num_splits == 5 and split_plan.plan.merge == "workspace", split_plan.plan
     split = poisoned(rows, Hq, D)
-    split_plan.attend(q, b.cache.layer(0), q_start, b.block_tables, b.seq_lens, split)
+    split_plan.run(q, b.cache.layer(0), b.block_tables, b.seq_lens, split, q_start=q_start)
     if DEV == "cuda":
         torch.cuda.synchronize()
     check(split, other.double(), tol=2e-2)

@@ -1,4 +1,4 @@
-"""metrale.torch_ops: the torch.library operators (cache write, decode, query runs) against
+"""metrale.torch_ops: the torch.library operators (cache write, attention) against
 the plain Python API and the float64 reference, under torch.library.opcheck, inside
 torch.compile(fullgraph=True) with no graph break, and (on a GPU) captured in a CUDA graph.
 CPU tensors run the CPU backend. Skipped without torch."""
@@ -41,7 +41,6 @@ class Problem:
         mb = -(-int(lens.max()) // B)
         nb = S * mb + 2
         self.layout = metrale.make_layout(fmt, nb, B, Hkv, D)
-        self.spec = mto.layout_spec(self.layout)
         table = rng.permutation(nb)[: S * mb].astype(np.int32).reshape(S, mb)
         slots = np.concatenate([table[i, np.arange(n) // B].astype(np.int64) * B + np.arange(n) % B
                                 for i, n in enumerate(lens)])
@@ -58,22 +57,20 @@ class Problem:
         self.k_cache = torch.zeros((nb, self.layout.page_stride_bytes), dtype=torch.uint8, device=device)
         self.v_cache = torch.zeros_like(self.k_cache)
         kmax, vmax = float(self.key.float().abs().max()), float(self.value.float().abs().max())
-        if fmt == "fp8":
-            self.scales = [metrale.fp8_scale_from_absmax(kmax), metrale.fp8_scale_from_absmax(vmax), 1.0, 1.0]
-        elif fmt == "nvfp4":
-            self.scales = [1.0, 1.0, metrale.nvfp4_global_scale_from_absmax(kmax),
-                           metrale.nvfp4_global_scale_from_absmax(vmax)]
-        else:
-            self.scales = [1.0, 1.0, 1.0, 1.0]
+        scales = metrale.kv_scales_from_absmax(fmt, kmax, vmax)
+        self.scales = tuple(scales.values()) if scales else (1.0, 1.0)  # the format's two per-tensor scales
+
+    @property
+    def spec(self):
+        """The operators' cache description: format, block_size, num_kv_heads, k_scale, v_scale."""
+        return (self.fmt, self.B, self.Hkv) + tuple(self.scales)
 
     def view(self):
-        s = self.scales
-        return metrale.KVCacheView(self.layout, self.k_cache, self.v_cache, k_scale=s[0], v_scale=s[1],
-                                   k_global_scale=s[2], v_global_scale=s[3])
+        names = metrale.view.tensor_scale_names(self.layout.format)
+        return metrale.KVCacheView(self.layout, self.k_cache, self.v_cache, **dict(zip(names, self.scales)))
 
     def write(self):
-        torch.ops.metrale.reshape_and_cache(self.key, self.value, self.slots, self.k_cache, self.v_cache, self.spec,
-                                            self.scales)
+        torch.ops.metrale.reshape_and_cache(self.key, self.value, self.slots, self.k_cache, self.v_cache, *self.spec)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -85,22 +82,22 @@ def test_ops_equal_the_python_api(rng, fmt):
     p.v_cache.zero_()
     metrale.reshape_and_cache(p.key, p.value, p.slots, p.view())
     assert torch.equal(k_op, p.k_cache) and torch.equal(v_op, p.v_cache)
-    sm = 1 / math.sqrt(p.D)
-    out = torch.ops.metrale.decode(p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec, p.scales, sm, 0, 0)
-    want = metrale.decode(p.q, p.view(), p.table, p.lens)
-    assert torch.equal(out, want)
-    # one row per sequence through attend is decode
+    out, lse = torch.ops.metrale.attention(p.q, p.k_cache, p.v_cache, p.table, p.lens, *p.spec)
+    want = metrale.attention(p.q, p.view(), p.table, p.lens)
+    assert torch.equal(out, want) and lse.shape == (0,)
+    # one row per sequence as runs is decode; lse returned when asked
     q_start = torch.arange(len(p.lens_np) + 1, dtype=torch.int32)
-    out1 = torch.ops.metrale.attend(p.q, p.k_cache, p.v_cache, q_start, p.table, p.lens, None, p.spec, p.scales, sm,
-                                    0, 0.0, 1, 0)
-    assert torch.equal(out1, want)
+    out1, lse1 = torch.ops.metrale.attention(p.q, p.k_cache, p.v_cache, p.table, p.lens, *p.spec, q_start=q_start,
+                                             return_lse=True)
+    want1, want_lse = metrale.attention(p.q, p.view(), p.table, p.lens, q_start=q_start, return_lse=True)
+    assert torch.equal(out1, want) and torch.equal(out1, want1) and torch.equal(lse1, want_lse)
+    assert lse1.shape == (len(p.lens_np), p.Hq)
 
 
 def test_decode_op_matches_float64_reference(rng):
     p = Problem(rng, "bf16")
     p.write()
-    out = torch.ops.metrale.decode(p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec, p.scales, 1 / math.sqrt(p.D),
-                                   0, 0)
+    out, _ = torch.ops.metrale.attention(p.q, p.k_cache, p.v_cache, p.table, p.lens, *p.spec)
     kf = ref.dequant_cache("bf16", p.k_cache.numpy(), p.layout, 1.0, 1.0)
     vf = ref.dequant_cache("bf16", p.v_cache.numpy(), p.layout, 1.0, 1.0)
     q_bits = p.q.view(torch.int16).numpy().view(np.uint16)
@@ -111,25 +108,48 @@ def test_decode_op_matches_float64_reference(rng):
 
 
 @pytest.mark.parametrize("window,softcap,sinks", [(0, 0.0, False), (5, 0.0, False), (0, 30.0, True)])
-def test_attend_op_runs_equal_python_attend(rng, window, softcap, sinks):
+def test_attention_op_runs_equal_python_attention(rng, window, softcap, sinks):
     p = Problem(rng, "fp8")
     p.write()
     runs = np.array([3, 1, 1, 8], dtype=np.int32)
     q_start = torch.from_numpy(np.concatenate([[0], np.cumsum(runs)]).astype(np.int32))
     q = bf16(rng.standard_normal((int(runs.sum()), p.Hq, p.D)))
     s = torch.from_numpy(rng.standard_normal(p.Hq).astype(np.float32)) if sinks else None
-    out = torch.ops.metrale.attend(q, p.k_cache, p.v_cache, q_start, p.table, p.lens, s, p.spec, p.scales, 0.125,
-                                   window, softcap, int(runs.max()), 0)
-    want = metrale.attend(q, p.view(), q_start, p.table, p.lens, sliding_window=window, sm_scale=0.125, sinks=s,
-                          softcap=softcap)
-    assert torch.equal(out, want)
+    out, lse = torch.ops.metrale.attention(q, p.k_cache, p.v_cache, p.table, p.lens, *p.spec, q_start=q_start,
+                                           max_q_len=int(runs.max()), sliding_window=window, sm_scale=0.125,
+                                           sinks=s, softcap=softcap, return_lse=True)
+    want, want_lse = metrale.attention(q, p.view(), p.table, p.lens, q_start=q_start, sliding_window=window,
+                                       sm_scale=0.125, sinks=s, softcap=softcap, return_lse=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    # q as a head-major view (transformers' batch-1 query): the same rows
+    hm = q.transpose(0, 1).contiguous().transpose(0, 1)
+    assert hm.stride(1) == q.shape[0] * p.D
+    out_hm, _ = torch.ops.metrale.attention(hm, p.k_cache, p.v_cache, p.table, p.lens, *p.spec, q_start=q_start,
+                                            sliding_window=window, sm_scale=0.125, sinks=s, softcap=softcap)
+    assert torch.equal(out_hm, out)
+
+
+def test_schema_is_typed():
+    """The format a string, the scales floats, lse returned: no list of int codes."""
+    schema = str(torch.ops.metrale.attention.default._schema)
+    assert "str format" in schema and "float k_scale" in schema and "int[]" not in schema, schema
+    assert "-> (Tensor, Tensor)" in schema, schema
+
+
+def test_plan_cache_drops_the_least_recently_used():
+    cache = mto._PlanCache(capacity=2)
+    made = []
+    for key in ("a", "b", "a", "c"):  # "a" used again before "c" arrives: "b" goes
+        cache.get((key,), lambda k=key: made.append(k) or k)
+    assert made == ["a", "b", "c"] and len(cache) == 2
+    assert ("a",) in cache and ("c",) in cache and ("b",) not in cache
 
 
 def test_mutated_arguments_have_no_default():
     """Every argument an operator mutates is required: torch 2.11's ADInplaceOrView kernel
     indexes the call's positional arguments by the schema's mutated indices, so a mutated
     argument left to its default raised IndexError there (torch 2.15 checks the bound)."""
-    for name in ("reshape_and_cache", "reshape_and_cache_counted", "decode", "attend"):
+    for name in ("reshape_and_cache", "reshape_and_cache_counted", "attention"):
         schema = getattr(torch.ops.metrale, name).default._schema
         for arg in schema.arguments:
             if arg.alias_info is not None and arg.alias_info.is_write:
@@ -141,14 +161,13 @@ def test_opcheck(rng, fmt):
     p = Problem(rng, fmt)
     sm = 1 / math.sqrt(p.D)
     torch.library.opcheck(torch.ops.metrale.reshape_and_cache.default,
-                          (p.key, p.value, p.slots, p.k_cache, p.v_cache, p.spec, p.scales))
+                          (p.key, p.value, p.slots, p.k_cache, p.v_cache, *p.spec))
     p.write()
-    torch.library.opcheck(torch.ops.metrale.decode.default,
-                          (p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec, p.scales, sm, 0, 0))
+    torch.library.opcheck(torch.ops.metrale.attention.default, (p.q, p.k_cache, p.v_cache, p.table, p.lens, *p.spec),
+                          {"sm_scale": sm})
     q_start = torch.arange(len(p.lens_np) + 1, dtype=torch.int32)
-    torch.library.opcheck(torch.ops.metrale.attend.default,
-                          (p.q, p.k_cache, p.v_cache, q_start, p.table, p.lens, None, p.spec, p.scales, sm, 0, 0.0,
-                           1, 0))
+    torch.library.opcheck(torch.ops.metrale.attention.default, (p.q, p.k_cache, p.v_cache, p.table, p.lens, *p.spec),
+                          {"q_start": q_start, "max_q_len": 1, "return_lse": True})
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -156,10 +175,10 @@ def test_write_op_counts_saturated_elements(rng, fmt):
     """The op's optional counters: scales calibrated for half the data's range clip the rest,
     counted by the rule of the Python API (FP8 |x| / scale > 464, NVFP4 |x| / (6 g) > 464)."""
     p = Problem(rng, fmt)
-    p.scales = [s / 2 for s in p.scales[:2]] + [s / 2 for s in p.scales[2:]] if fmt != "bf16" else p.scales
+    p.scales = tuple(s / 2 for s in p.scales) if fmt != "bf16" else p.scales
     sat = torch.zeros(2, dtype=torch.int64)
-    torch.ops.metrale.reshape_and_cache_counted(p.key, p.value, p.slots, p.k_cache, p.v_cache, p.spec, p.scales, sat)
-    unit = {"bf16": None, "fp8": (p.scales[0], p.scales[1]), "nvfp4": (6 * p.scales[2], 6 * p.scales[3])}[fmt]
+    torch.ops.metrale.reshape_and_cache_counted(p.key, p.value, p.slots, p.k_cache, p.v_cache, *p.spec, sat)
+    unit = {"bf16": None, "fp8": (p.scales[0], p.scales[1]), "nvfp4": (6 * p.scales[0], 6 * p.scales[1])}[fmt]
     if unit is None:
         assert sat.tolist() == [0, 0]
     else:
@@ -171,13 +190,13 @@ def test_write_op_counts_saturated_elements(rng, fmt):
     metrale.reshape_and_cache(p.key, p.value, p.slots, view, saturated=torch.from_numpy(again))
     assert again.tolist() == sat.tolist()
     torch.library.opcheck(torch.ops.metrale.reshape_and_cache_counted.default,
-                          (p.key, p.value, p.slots, p.k_cache, p.v_cache, p.spec, p.scales, sat))
+                          (p.key, p.value, p.slots, p.k_cache, p.v_cache, *p.spec, sat))
 
 
-def _decode_step(spec, scales, sm):
+def _decode_step(spec, sm):
     def step(q, key, value, slots, k_cache, v_cache, table, lens):
-        torch.ops.metrale.reshape_and_cache(key, value, slots, k_cache, v_cache, spec, scales)
-        out = torch.ops.metrale.decode(q, k_cache, v_cache, table, lens + 1, spec, scales, sm, 0, 0)
+        torch.ops.metrale.reshape_and_cache(key, value, slots, k_cache, v_cache, *spec)
+        out, _ = torch.ops.metrale.attention(q, k_cache, v_cache, table, lens + 1, *spec, sm_scale=sm)
         # torch work after the op joins the same graph; inductor may sum in another order than eager
         return out, out.float().sum(dim=-1)
     return step
@@ -196,7 +215,7 @@ def test_compile_fullgraph_decode_step(rng, fmt, backend):
                                       dtype=np.int64))
     key = bf16(rng.standard_normal((len(lens), p.Hkv, p.D)))
     value = bf16(rng.standard_normal((len(lens), p.Hkv, p.D)))
-    step = _decode_step(p.spec, p.scales, 1 / math.sqrt(p.D))
+    step = _decode_step(p.spec, 1 / math.sqrt(p.D))
     kc, vc = p.k_cache.clone(), p.v_cache.clone()
     want = step(p.q, key, value, slots, kc, vc, p.table, p.lens)
     dynamo.reset()
@@ -210,11 +229,11 @@ def test_compile_fullgraph_decode_step(rng, fmt, backend):
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)  # the mutation is kept through functionalisation
 
 
-def _chunk_step(spec, scales, sm, max_q_len):
+def _chunk_step(spec, sm, max_q_len):
     def step(q, key, value, slots, k_cache, v_cache, q_start, table, lens):
-        torch.ops.metrale.reshape_and_cache(key, value, slots, k_cache, v_cache, spec, scales)
-        out = torch.ops.metrale.attend(q, k_cache, v_cache, q_start, table, lens, None, spec, scales, sm, 0, 0.0,
-                                       max_q_len, 0)
+        torch.ops.metrale.reshape_and_cache(key, value, slots, k_cache, v_cache, *spec)
+        out, _ = torch.ops.metrale.attention(q, k_cache, v_cache, table, lens, *spec, q_start=q_start,
+                                             max_q_len=max_q_len, sm_scale=sm)
         return out, out.float().sum(dim=-1)
     return step
 
@@ -242,7 +261,7 @@ def test_compile_fullgraph_chunked_prefill_step(rng, fmt, backend):
     p.write()
     runs = [9, 16, 1, 33]
     q, key, value, slots, q_start = _chunk_inputs(rng, p, runs)
-    step = _chunk_step(p.spec, p.scales, 1 / math.sqrt(p.D), max(runs))
+    step = _chunk_step(p.spec, 1 / math.sqrt(p.D), max(runs))
     kc, vc = p.k_cache.clone(), p.v_cache.clone()
     want = step(q, key, value, slots, kc, vc, q_start, p.table, p.lens)
     dynamo.reset()
@@ -256,17 +275,18 @@ def test_compile_fullgraph_chunked_prefill_step(rng, fmt, backend):
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
 
 
-def test_ops_reject_bad_layout_spec(rng):
+def test_ops_reject_bad_arguments(rng):
     p = Problem(rng, "bf16")
-    with pytest.raises(ValueError, match="layout"):
-        torch.ops.metrale.decode(p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec[:5], p.scales, 0.1, 0, 0)
-    with pytest.raises(ValueError, match="scales"):
-        torch.ops.metrale.decode(p.q, p.k_cache, p.v_cache, p.table, p.lens, p.spec, [1.0], 0.1, 0, 0)
-    with pytest.raises(ValueError, match="max_q_len"):
-        torch.ops.metrale.attend(p.q, p.k_cache, p.v_cache, torch.arange(5, dtype=torch.int32), p.table, p.lens,
-                                 None, p.spec, p.scales, 0.1, 0, 0.0, 0, 0)
-    with pytest.raises(TypeError, match="layout"):
-        mto.layout_spec("bf16")
+    fmt, bs, hkv, ks, vs = p.spec
+    with pytest.raises(ValueError, match="format"):
+        torch.ops.metrale.attention(p.q, p.k_cache, p.v_cache, p.table, p.lens, "int4", bs, hkv, ks, vs)
+    with pytest.raises(ValueError, match="k_cache"):
+        torch.ops.metrale.attention(p.q, p.k_cache.view(-1), p.v_cache, p.table, p.lens, *p.spec)
+    with pytest.raises(ValueError, match="'q'"):
+        torch.ops.metrale.attention(p.q.reshape(p.q.shape[0], -1), p.k_cache, p.v_cache, p.table, p.lens, *p.spec)
+    with pytest.raises(ValueError, match="q_start"):
+        torch.ops.metrale.attention(p.q, p.k_cache, p.v_cache, p.table, p.lens, *p.spec,
+                                    q_start=torch.arange(5, dtype=torch.int32) * 2)
 
 
 gpu = pytest.mark.skipif(not (torch.cuda.is_available() and metrale.cuda_available()),
@@ -283,7 +303,7 @@ def test_cuda_graph_captures_a_decode_step(rng, fmt):
                                       dtype=np.int64)).cuda()
     key = bf16(rng.standard_normal((len(lens), p.Hkv, p.D)), "cuda")
     value = bf16(rng.standard_normal((len(lens), p.Hkv, p.D)), "cuda")
-    step = _decode_step(p.spec, p.scales, 1 / math.sqrt(p.D))
+    step = _decode_step(p.spec, 1 / math.sqrt(p.D))
     kc, vc = p.k_cache.clone(), p.v_cache.clone()
     want = step(p.q, key, value, slots, kc, vc, p.table, p.lens)
     s = torch.cuda.Stream()
@@ -312,7 +332,7 @@ def test_cuda_graph_captures_a_chunked_prefill_step(rng, fmt, runs):
     p = Problem(rng, fmt, device="cuda", lens=(700, 3000, 1, 1400), Hq=16, Hkv=4, D=128)
     p.write()
     q, key, value, slots, q_start = _chunk_inputs(rng, p, runs, "cuda")
-    step = _chunk_step(p.spec, p.scales, 1 / math.sqrt(p.D), max(runs))
+    step = _chunk_step(p.spec, 1 / math.sqrt(p.D), max(runs))
     kc, vc = p.k_cache.clone(), p.v_cache.clone()
     want = step(q, key, value, slots, kc, vc, q_start, p.table, p.lens)
     s = torch.cuda.Stream()
