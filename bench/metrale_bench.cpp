@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"automatic", "single_pass", "cluster", "workspace"}));
   app.add_option("--window", window, "sliding window (0 = off)");
   app.add_flag("--mixed", mixed, "lengths uniform in [1, CONTEXT]");
-  app.add_option("--q-len", q_len, "query rows per sequence (> 1: query runs through run_attn, SYSTEM.md 8)")
+  app.add_option("--q-len", q_len, "query rows per sequence (> 1: query runs through run_attn, docs/spec.md 8)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--col-tiles", col_tiles, "runs kernel: n-tiles of 8 columns per CTA (0 = planner, 1, 2)")
       ->check(CLI::Range(0, 2));

@@ -1,4 +1,4 @@
-// Query runs over the paged cache on the CPU backend (SYSTEM.md 8): ragged
+// Query runs over the paged cache on the CPU backend (docs/spec.md 8): ragged
 // runs, causal masks aligned to the end of the cache, windows per query,
 // sinks, soft-capping, lse, split-K; against the independent float64
 // reference (testing/reference.hpp) and against decode itself.

@@ -290,7 +290,7 @@ TEST(CpuDecode, SplitKEqualsSinglePassForEverySplitCount) {
 }
 
 TEST(CpuDecode, ReduceMergesStatesByTheSplitKRule) {
-  // Hand-made states: the reduce is the SYSTEM.md 4 formula, all-empty -> 0.
+  // Hand-made states: the reduce is the docs/spec.md 4 formula, all-empty -> 0.
   const int32_t D = 64, S = 3;
   std::vector<float> ws(size_t(2) * S * (D + 2));
   auto rec = [&](int32_t head, int32_t s) { return &ws[(size_t(head) * S + s) * (D + 2)]; };

@@ -1,4 +1,4 @@
-// Bad input (SYSTEM.md 6): every entry point of the CPU backend, the layout,
+// Bad input (docs/spec.md 6): every entry point of the CPU backend, the layout,
 // the planner and the debug block-table validator reject malformed arguments
 // with a typed error (InvalidArgument, or Unsupported for configurations
 // that are not built) whose message names the argument, before touching any

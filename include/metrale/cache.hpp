@@ -1,6 +1,6 @@
 // KV-cache formats and the layout descriptor of one paged cache (K or V).
 //
-// The layout math is SYSTEM.md section 3. K and V are separate caches laid
+// The layout math is docs/spec.md section 3. K and V are separate caches laid
 // out alike; one KvCacheLayout describes both.
 #pragma once
 
@@ -79,7 +79,7 @@ struct KvCacheView {
   KvScales scales;
 };
 
-// Calibration: per-tensor scales from a running absmax (SYSTEM.md 1, 2).
+// Calibration: per-tensor scales from a running absmax (docs/spec.md 1, 2).
 // An absmax of 0 (nothing observed) gives scale 1.
 float fp8_scale_from_absmax(float absmax);           // absmax / 448
 float nvfp4_global_scale_from_absmax(float absmax);  // absmax / (448 * 6)

@@ -1,6 +1,6 @@
 // Context-parallel decode: one sequence's context (its pages) is
 // sharded over R ranks (one GPU each); every rank runs the split-K pass over
-// ITS pages only, the ranks exchange their (o, m, l) states (SYSTEM.md 4) and
+// ITS pages only, the ranks exchange their (o, m, l) states (docs/spec.md 4) and
 // every rank merges them into the full output. docs/context_parallel.md has
 // the design; this header is transport-free (no NCCL): sharding, the record
 // layout and the merge on both backends. The NCCL exchange is declared at the
