@@ -430,7 +430,7 @@ TEST(E2M1, EveryMidpointTiesToEvenMantissa) {
       EXPECT_EQ(int(codec::e2m1_rne_satfinite(sg * t.mid)), s | t.tie) << desc(sg * t.mid);
       EXPECT_EQ(int(codec::e2m1_rne_satfinite(sg * down(t.mid))), s | t.below) << desc(sg * down(t.mid));
       EXPECT_EQ(int(codec::e2m1_rne_satfinite(sg * up(t.mid))), s | t.above) << desc(sg * up(t.mid));
-      // And the tie target decodes to the value the issue names.
+      // And the tie target decodes to the value the table names.
       EXPECT_EQ(std::fabs(codec::e2m1_to_float(codec::e2m1_rne_satfinite(sg * t.mid))), kE2M1Pos[t.tie]);
     }
   }

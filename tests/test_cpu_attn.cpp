@@ -68,7 +68,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
     std::vector<float> ws(plan.workspace_bytes / 4 + 4);
     out = poisoned_bf16(rp.out_elems());
     cpu::run_attention(plan, rp.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
-    expect_runs_match(rp, ref, out, "run_attn, " + std::to_string(plan.num_splits) + " splits");
+    expect_runs_match(rp, ref, out, "run_attention, " + std::to_string(plan.num_splits) + " splits");
     if (HasFailure()) break;
   }
 }

@@ -322,7 +322,7 @@ TEST(CpuDecode, ReduceMergesStatesByTheSplitKRule) {
   }
 }
 
-// ---- run_decode with the planner's plan ----
+// ---- run_attention with the planner's plan ----
 
 TEST(CpuDecode, RunDecodeWithPlannerPlan) {
   const uint64_t seed = random_seed();
@@ -356,7 +356,7 @@ TEST(CpuDecode, RunDecodeWithPlannerPlan) {
         std::vector<bf16> out = poisoned_bf16(p.out_elems());
         cpu::run_attention(plan, p.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
         EXPECT_EQ(count_poison(out.data(), out.size()), 0);
-        expect_matches_reference(p, out, "run_decode");
+        expect_matches_reference(p, out, "run_attention");
       }
     }
   EXPECT_TRUE(saw_split);

@@ -100,7 +100,7 @@ AttnArgs rank_attn_args(const AttnArgs& global, const RankShard& shard, const in
 // (what ncclAllGather produces). Merged: the split-K layout with
 // merged_splits() = R * slots() splits, record ((seq*H + h)*R + r)*slots() + j,
 // j < splits the rank's splits, j = splits its edge record: ranks play the
-// role of splits, and paged_decode_attn_reduce merges them.
+// role of splits, and reduce_states merges them.
 struct CpLayout {
   int32_t num_ranks = 1;
   int32_t num_seqs = 0;
