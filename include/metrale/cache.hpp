@@ -43,8 +43,8 @@ struct KvCacheLayout {
   // data_section_bytes 0 mean dense (codes, then the scales if any).
   static KvCacheLayout make(KvFormat format, int64_t num_blocks, int32_t block_size, int32_t num_kv_heads,
                             int32_t head_dim, int64_t page_stride_bytes = 0, int64_t data_section_bytes = 0);
-  // Dense layouts (page stride = payload). The optional strides are the
-  // seed's `cache_stride` (fp8, in elements = bytes) and `block_stride_bytes`
+  // Dense layouts (page stride = payload). The optional strides are docs/spec.md 3's
+  // `cache_stride` (fp8, in elements = bytes) and `block_stride_bytes`
   // / `data_section_bytes` (nvfp4); 0 means dense.
   static KvCacheLayout bf16(int64_t num_blocks, int32_t block_size, int32_t num_kv_heads, int32_t head_dim);
   static KvCacheLayout fp8(int64_t num_blocks, int32_t block_size, int32_t num_kv_heads, int32_t head_dim,
