@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A transformers model generating through metrale's paged cache, against SDPA and eager.
 
-A Qwen3 model with random weights built from a config here (no download): by default the
-shape of the issue (32 q / 8 kv heads, head_dim 128, q/k norms, RoPE, full and sliding
+A Qwen3 model with random weights built from a config here (no download): by default a
+Qwen3-8B-like attention shape (32 q / 8 kv heads, head_dim 128, q/k norms, RoPE, full and sliding
 layers alternating), a left-padded batch of prompts of mixed lengths. It prints, per KV
 format (bf16, fp8, nvfp4):
 
@@ -13,7 +13,7 @@ format (bf16, fp8, nvfp4):
 * whether greedy generation gives SDPA's tokens (and how many steps agree);
 * the time per decode step (teacher-forced loop, synchronised per step) against SDPA's.
 
-    python3 bench/hf_generate.py                      # the issue's shape, on CUDA when present
+    python3 bench/hf_generate.py                      # the default shape, on CUDA when present
     python3 bench/hf_generate.py --layers 2 --hidden 256 --heads 4 --kv-heads 2 --head-dim 64 \\
         --prompt-lens 40,17,33 --new-tokens 6 --device cpu
 

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"automatic", "single_pass", "cluster", "workspace"}));
   app.add_option("--window", window, "sliding window (0 = off)");
   app.add_flag("--mixed", mixed, "lengths uniform in [1, CONTEXT]");
-  app.add_option("--q-len", q_len, "query rows per sequence (> 1: query runs through run_attn, SYSTEM.md 8)")
+  app.add_option("--q-len", q_len, "query rows per sequence (> 1: query runs through run_attention, docs/spec.md 8)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--col-tiles", col_tiles, "runs kernel: n-tiles of 8 columns per CTA (0 = planner, 1, 2)")
       ->check(CLI::Range(0, 2));
@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
         cudaFree(slots);
       } else if (mode == "perf" && q_len > 1) {
         // q_len query rows per sequence at the end of its cache (speculative
-        // verification), through run_attn; q rows and outputs of their own.
+        // verification), through run_attention; q rows and outputs of their own.
         const int32_t nrows = s.num_seqs * q_len;
         std::vector<int32_t> qs(size_t(s.num_seqs) + 1);
         for (int32_t i = 0; i <= s.num_seqs; ++i) qs[size_t(i)] = i * q_len;

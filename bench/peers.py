@@ -3,7 +3,7 @@
 
 With --q-len N > 1: N query tokens per sequence at the end of its context
 (speculative verification), causal attention aligned to the end of the KV
-(SYSTEM.md 8): SDPA through torch's lower-right causal bias (or a boolean
+(docs/spec.md 8): SDPA through torch's lower-right causal bias (or a boolean
 mask where a backend takes no bias), FlexAttention through a mask_mod;
 compared with metrale_bench --q-len N rows ("... qN").
 

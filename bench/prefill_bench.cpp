@@ -1,5 +1,5 @@
-// prefill_bench: query runs over the paged cache at prefill shapes (issue
-// 18), timed through run_attn with the planner's plan (or a forced kernel):
+// prefill_bench: query runs over the paged cache at prefill shapes, timed
+// through run_attention with the planner's plan (or a forced kernel):
 // time, TFLOPS and the fraction of the dense BF16 tensor-core peak.
 //
 // Shapes (--shapes, comma list):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Peer PREFILL attention (query runs) on an H200: time, TFLOPS, fraction of peak.
 
-The prefill counterpart of bench/peers.py (decode), for the issue "prefill
-over the paged cache at tensor-core speed". Causal attention of query runs,
+The prefill counterpart of bench/peers.py (decode): the peers metrale's
+prefill kernel is compared with on the same shapes. Causal attention of query runs,
 --heads q/kv heads (GQA, default 32/8), --head-dim (default 128; a comma list
 such as 64,128,256 runs each), bf16. Shapes (--shapes, comma list):
 

@@ -1,7 +1,7 @@
-// The independent float64 decode reference (SYSTEM.md 5) and the output
+// The independent float64 decode reference (docs/spec.md 5) and the output
 // comparison: the oracle of the tests, and the error column of the `metrale`
 // command. Written without any code of src/cpu: the dequantization is the
-// SYSTEM.md 3 layout math done again here, the attention a naive float64 loop.
+// docs/spec.md 3 layout math done again here, the attention a naive float64 loop.
 #pragma once
 
 #include <cstdint>

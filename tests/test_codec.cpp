@@ -1,11 +1,11 @@
-// Tests of the scalar codecs in include/metrale/codec.hpp (SYSTEM.md section 2).
+// Tests of the scalar codecs in include/metrale/codec.hpp (docs/spec.md section 2).
 //
 // Every expected value in this file comes from references written here,
 // independently of the codec's bit manipulation: decoded values from the
 // textbook formulas (std::ldexp in double, literal tables), encodings from a
 // nearest-value search over the sorted table of representable values in
 // double precision, with ties resolved to the even code. The only f32
-// arithmetic the references share with the codec is what SYSTEM.md itself
+// arithmetic the references share with the codec is what docs/spec.md itself
 // prescribes (amax / (6 * g), 1.0f / (s * g), x * inv).
 //
 // Randomized tests draw their seed from std::random_device; it is printed
@@ -162,7 +162,7 @@ uint16_t ref_float_to_bf16(float x) {
   return uint16_t(sign | r);
 }
 
-// NVFP4 group reference: amax in double, the f32 steps SYSTEM.md prescribes,
+// NVFP4 group reference: amax in double, the f32 steps docs/spec.md prescribes,
 // then the independent nearest-even searches above. Returns the scale code;
 // codes[i] is left 0xff for a NaN group (codes are unspecified there).
 uint8_t ref_nvfp4_group(const float* x, float g, uint8_t codes[16]) {
@@ -430,7 +430,7 @@ TEST(E2M1, EveryMidpointTiesToEvenMantissa) {
       EXPECT_EQ(int(codec::e2m1_rne_satfinite(sg * t.mid)), s | t.tie) << desc(sg * t.mid);
       EXPECT_EQ(int(codec::e2m1_rne_satfinite(sg * down(t.mid))), s | t.below) << desc(sg * down(t.mid));
       EXPECT_EQ(int(codec::e2m1_rne_satfinite(sg * up(t.mid))), s | t.above) << desc(sg * up(t.mid));
-      // And the tie target decodes to the value the issue names.
+      // And the tie target decodes to the value the table names.
       EXPECT_EQ(std::fabs(codec::e2m1_to_float(codec::e2m1_rne_satfinite(sg * t.mid))), kE2M1Pos[t.tie]);
     }
   }
@@ -802,7 +802,7 @@ TEST(NVFP4, GlobalScale) {
 }
 
 // Scales right at every E4M3 rounding boundary, with global scales whose
-// 6 * g product rounds in f32: the scale must follow SYSTEM.md's f32 formula
+// 6 * g product rounds in f32: the scale must follow docs/spec.md's f32 formula
 // e4m3(amax / (6 * g)) exactly (not, say, amax / 6 / g).
 TEST(NVFP4, ScaleAtEveryE4M3BoundaryWithGlobalScale) {
   const uint64_t seed = test_seed();

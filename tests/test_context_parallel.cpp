@@ -3,7 +3,7 @@
 // (CPU backend, and the CUDA backend on one GPU when present), the rank
 // blocks are gathered by a host/device copy exactly as ncclAllGather lays
 // them out (rank-major), merged, and compared with the float64 reference
-// (SYSTEM.md 5) and with the single-process decode. The sharding itself is
+// (docs/spec.md 5) and with the single-process decode. The sharding itself is
 // checked position by position.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Query runs over the paged cache on the CPU backend (SYSTEM.md 8): ragged
+// Query runs over the paged cache on the CPU backend (docs/spec.md 8): ragged
 // runs, causal masks aligned to the end of the cache, windows per query,
 // sinks, soft-capping, lse, split-K; against the independent float64
 // reference (testing/reference.hpp) and against decode itself.
@@ -68,7 +68,7 @@ TEST(CpuAttn, RaggedRunsMatchTheFloat64Reference) {
     std::vector<float> ws(plan.workspace_bytes / 4 + 4);
     out = poisoned_bf16(rp.out_elems());
     cpu::run_attention(plan, rp.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
-    expect_runs_match(rp, ref, out, "run_attn, " + std::to_string(plan.num_splits) + " splits");
+    expect_runs_match(rp, ref, out, "run_attention, " + std::to_string(plan.num_splits) + " splits");
     if (HasFailure()) break;
   }
 }

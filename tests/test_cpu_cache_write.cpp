@@ -26,7 +26,7 @@ std::vector<uint8_t> garbage(size_t n, std::mt19937_64& rng) {
 }
 
 // The expected cache after writing `rows` (key or value) into `before`, one
-// element at a time straight from SYSTEM.md 2-3.
+// element at a time straight from docs/spec.md 2-3.
 std::vector<uint8_t> expected_cache(const HostProblem& p, const std::vector<bf16>& rows, bool is_k,
                                     const std::vector<uint8_t>& before) {
   std::vector<uint8_t> c = before;

@@ -290,7 +290,7 @@ TEST(CpuDecode, SplitKEqualsSinglePassForEverySplitCount) {
 }
 
 TEST(CpuDecode, ReduceMergesStatesByTheSplitKRule) {
-  // Hand-made states: the reduce is the SYSTEM.md 4 formula, all-empty -> 0.
+  // Hand-made states: the reduce is the docs/spec.md 4 formula, all-empty -> 0.
   const int32_t D = 64, S = 3;
   std::vector<float> ws(size_t(2) * S * (D + 2));
   auto rec = [&](int32_t head, int32_t s) { return &ws[(size_t(head) * S + s) * (D + 2)]; };
@@ -322,7 +322,7 @@ TEST(CpuDecode, ReduceMergesStatesByTheSplitKRule) {
   }
 }
 
-// ---- run_decode with the planner's plan ----
+// ---- run_attention with the planner's plan ----
 
 TEST(CpuDecode, RunDecodeWithPlannerPlan) {
   const uint64_t seed = random_seed();
@@ -356,7 +356,7 @@ TEST(CpuDecode, RunDecodeWithPlannerPlan) {
         std::vector<bf16> out = poisoned_bf16(p.out_elems());
         cpu::run_attention(plan, p.args(out.data()), SplitKWorkspace{ws.data(), plan.workspace_bytes, plan.num_splits});
         EXPECT_EQ(count_poison(out.data(), out.size()), 0);
-        expect_matches_reference(p, out, "run_decode");
+        expect_matches_reference(p, out, "run_attention");
       }
     }
   EXPECT_TRUE(saw_split);

@@ -1,4 +1,4 @@
-// Query runs on the GPU (SYSTEM.md 8): the runs kernel (columns = (query
+// Query runs on the GPU (docs/spec.md 8): the runs kernel (columns = (query
 // row, q head) pairs of a kv head's group) against the float64 reference,
 // over formats x head dims x GQA x run lengths x ragged batches x windows x
 // splits x sinks x soft-cap x strided q, with poisoned outputs and guards;

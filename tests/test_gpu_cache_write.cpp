@@ -1,4 +1,4 @@
-// GPU cache writes against the CPU reference (SYSTEM.md 1-3, 6):
+// GPU cache writes against the CPU reference (docs/spec.md 1-3, 6):
 // cuda::reshape_and_cache must leave the device K and V caches byte-identical
 // to what cpu::reshape_and_cache leaves in host caches that started with the
 // same random garbage (codes, scales, skipped slots and page padding alike),

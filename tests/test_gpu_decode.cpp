@@ -25,7 +25,7 @@ struct RunResult {
 
 // Runs the decode on the device with `num_splits` (0 = single pass) and
 // returns the output; workspace and output live inside guard regions.
-// `planned`: through run_decode with a plan of num_splits (2..8 splits merge
+// `planned`: through run_attention with a plan of num_splits (2..8 splits merge
 // inside a cluster of the split CTAs where the grid's clusters are resident),
 // else the split pass and the reduce as separate calls. `load`: a forced
 // load path (plans for every case, the workspace merge where not planned).
@@ -117,7 +117,7 @@ TEST(GpuDecode, RandomizedMatrixSinglePassAndSplitK) {
     for (int32_t ns : {1, 2, 3, pages, pages + 2, int32_t(1 + rng() % 40)})
       expect_matches(hp, ref, run_gpu(hp, dp, std::min(ns, kMaxSplits)), "split-K num_splits=" + std::to_string(ns));
     for (int32_t ns : {2, 8, int32_t(2 + rng() % 7), int32_t(9 + rng() % 40)})
-      expect_matches(hp, ref, run_gpu(hp, dp, ns, true), "run_decode num_splits=" + std::to_string(ns));
+      expect_matches(hp, ref, run_gpu(hp, dp, ns, true), "run_attention num_splits=" + std::to_string(ns));
     EXPECT_TRUE(dp.inputs_intact()) << "a kernel wrote into its inputs or their guards";
     if (HasFailure()) break;
   }
@@ -138,7 +138,7 @@ TEST(GpuDecode, EveryNumSplitsUpToMoreThanPages) {
     for (int32_t ns = 1; ns <= max_pages(hp) + 3; ++ns) {
       expect_matches(hp, ref, run_gpu(hp, dp, ns), std::string(to_string(f)) + " num_splits=" + std::to_string(ns));
       expect_matches(hp, ref, run_gpu(hp, dp, ns, true),
-                     std::string(to_string(f)) + " run_decode num_splits=" + std::to_string(ns));
+                     std::string(to_string(f)) + " run_attention num_splits=" + std::to_string(ns));
     }
   }
 }
@@ -236,7 +236,7 @@ TEST(GpuDecode, TensOfThousandsOfSequences) {
 // and one-token sequences among long ones) in a batch of 90, GQA groups
 // that need one or two q-head tiles, each format and head_dim. A NaN and a
 // corrupt page id must stay in their own (sequence, kv head) outputs.
-// Single pass, workspace split-K and run_decode with the reduce.
+// Single pass, workspace split-K and run_attention with the reduce.
 TEST(GpuDecode, ManyWavesOfRaggedItemsKeepNanAndCorruptPagesToThemselves) {
   METRALE_SKIP_WITHOUT_GPU();
   const uint64_t seed = random_seed();
@@ -271,7 +271,7 @@ TEST(GpuDecode, ManyWavesOfRaggedItemsKeepNanAndCorruptPagesToThemselves) {
       DeviceProblem dp(hp);
       expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass");
       expect_matches(hp, ref, run_gpu(hp, dp, 3), "split-K, 3 splits");
-      expect_matches(hp, ref, run_gpu(hp, dp, 12, true), "run_decode, 12 splits");
+      expect_matches(hp, ref, run_gpu(hp, dp, 12, true), "run_attention, 12 splits");
       EXPECT_TRUE(dp.inputs_intact()) << "a kernel wrote into its inputs or their guards";
       if (HasFailure()) return;
     }
@@ -301,7 +301,7 @@ TEST(GpuDecode, NanInCacheReachesTheOutput) {
         for (auto [ns, planned] : std::vector<std::pair<int32_t, bool>>{{0, false}, {4, false}, {4, true}}) {
           const RunResult r = run_gpu(hp, dp, ns, planned);
           const std::string what = std::string(to_string(f)) + " D" + std::to_string(D) + " NaN " + which +
-                                   ", splits " + std::to_string(ns) + (planned ? " run_decode" : "");
+                                   ", splits " + std::to_string(ns) + (planned ? " run_attention" : "");
           expect_matches(hp, ref, r, what);
           const int32_t H = hp.num_q_heads();
           EXPECT_TRUE(std::isnan(codec::bf16_to_float(r.out[(1 * H + 0) * D]))) << what;       // attends: NaN
@@ -347,10 +347,10 @@ TEST(GpuDecode, HeadDim64PairsOfKvHeads) {
       DeviceProblem dp(hp);
       expect_matches(hp, ref, run_gpu(hp, dp, 0), "single pass");
       expect_matches(hp, ref, run_gpu(hp, dp, 5), "split-K, 5 splits");
-      expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "run_decode, 2 splits (cluster merge)");
+      expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "run_attention, 2 splits (cluster merge)");
       if (f != KvFormat::nvfp4) {
         expect_matches(hp, ref, run_gpu(hp, dp, 0, false, kRegisters), "single pass, register path");
-        expect_matches(hp, ref, run_gpu(hp, dp, 2, true, kRegisters), "run_decode, 2 splits, register path");
+        expect_matches(hp, ref, run_gpu(hp, dp, 2, true, kRegisters), "run_attention, 2 splits, register path");
       }
       EXPECT_TRUE(dp.inputs_intact()) << "a kernel wrote into its inputs or their guards";
       if (HasFailure()) return;
@@ -370,7 +370,7 @@ TEST(GpuDecode, CorruptBlockTableGivesNanNotAFault) {
   const std::vector<double> ref = reference_attention(hp);
   DeviceProblem dp(hp);
   for (int32_t ns : {0, 2}) expect_matches(hp, ref, run_gpu(hp, dp, ns), "corrupt table, splits " + std::to_string(ns));
-  expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "corrupt table, run_decode with 2 splits (cluster merge)");
+  expect_matches(hp, ref, run_gpu(hp, dp, 2, true), "corrupt table, run_attention with 2 splits (cluster merge)");
 }
 
 TEST(GpuDecode, LaunchersRejectBadArgumentsBeforeLaunching) {

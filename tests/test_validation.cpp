@@ -1,4 +1,4 @@
-// Bad input (SYSTEM.md 6): every entry point of the CPU backend, the layout,
+// Bad input (docs/spec.md 6): every entry point of the CPU backend, the layout,
 // the planner and the debug block-table validator reject malformed arguments
 // with a typed error (InvalidArgument, or Unsupported for configurations
 // that are not built) whose message names the argument, before touching any
@@ -96,7 +96,7 @@ struct DecodeFixture {
 };
 
 // Checks `mutate` breaks the decode entry points (single pass, split-K pass
-// unless `split_pass_unaffected`, run_decode) with the expected error, and
+// unless `split_pass_unaffected`, run_attention) with the expected error, and
 // that no output was written.
 void expect_decode_invalid(KvFormat f, const std::function<void(AttnArgs&)>& mutate, const std::string& name,
                            const std::string& what, bool unsupported = false, bool split_pass_unaffected = false) {
@@ -236,32 +236,32 @@ TEST(Validation, SplitKWorkspace) {
   many.num_splits = 200;
   const AttnPlan big = test::plan_with(attention_problem(a), cpu::attention_target(), many);
   expect_invalid([&] { cpu::run_attention(big, a, fx.workspace()); }, "workspace_bytes",
-                 "run_decode: workspace too small for the plan");
+                 "run_attention: workspace too small for the plan");
   AttnPlan malformed = plan_attention(attention_problem(a), cpu::attention_target());
   malformed.num_splits = 0;
   expect_invalid([&] { cpu::run_attention(malformed, a, fx.workspace()); }, "num_splits",
-                 "run_decode: plan num_splits 0");
+                 "run_attention: plan num_splits 0");
   // A plan made for other heads, another layout or fewer sequences.
   AttnProblem other = attention_problem(a);
   other.num_q_heads *= 2;
   expect_invalid([&] { cpu::run_attention(plan_attention(other, cpu::attention_target()), a, fx.workspace()); },
-                 "num_q_heads", "run_decode: plan for other q heads");
+                 "num_q_heads", "run_attention: plan for other q heads");
   other = attention_problem(a);
   other.layout = KvCacheLayout::bf16(a.cache.layout.num_blocks, a.cache.layout.block_size,
                                      a.cache.layout.num_kv_heads, 2 * a.cache.layout.head_dim);
   expect_invalid([&] { cpu::run_attention(plan_attention(other, cpu::attention_target()), a, fx.workspace()); }, "plan",
-                 "run_decode: plan for another layout");
+                 "run_attention: plan for another layout");
   other = attention_problem(a);
   other.num_seqs = a.num_seqs - 1;
   expect_invalid([&] { cpu::run_attention(plan_attention(other, cpu::attention_target()), a, fx.workspace()); },
-                 "num_seqs", "run_decode: plan for fewer sequences");
+                 "num_seqs", "run_attention: plan for fewer sequences");
   // The workspace laid out for another split count than the plan's.
   SplitKWorkspace mislaid = fx.workspace();
   mislaid.num_splits = 1;
   test::PlanChoices three;
   three.num_splits = 3;
   expect_invalid([&] { cpu::run_attention(test::plan_with(attention_problem(a), cpu::attention_target(), three), a, mislaid); },
-                 "workspace.num_splits", "run_decode: workspace of another split count");
+                 "workspace.num_splits", "run_attention: workspace of another split count");
   EXPECT_TRUE(fx.output_untouched());
 }
 

@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
 # The one script for the H200 machine: build (unless prebuilt binaries were
 # carried), run every test binary (GPU tests included), optionally the GPU
-# tests under compute-sanitizer, then the benchmark (decode, then the cache
-# write); a summary table last.
+# tests under compute-sanitizer, the Python tests, then the benchmarks; a
+# summary table last. Logs and tables go to $OUT (default ./out).
 #
-#   tools/device_run.sh                  # build + tests + perf bench
-#   SANITIZE=1 tools/device_run.sh       # + memcheck and racecheck
+#   tools/device_run.sh                  # build + tests + decode / cache-write bench + peers
+#   SANITIZE=1 tools/device_run.sh       # + memcheck and racecheck of the GPU suites
 #   BENCH_ARGS="--mode oracle" tools/device_run.sh
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh   # use carried binaries
-#   TEST_TIMEOUT (s per test binary, 300), TEST_FILTER (a gtest filter), PYTEST_TIMEOUT (400 s);
-#   PYTEST=0 / BENCH=0 / PEERS=0 skip parts; CP_BENCH=1 runs the multi-GPU benchmark
-#   PEERS_ARGS="--peers sdpa" passes options to bench/peers.py; PYTEST_ARGS to pytest
-#   HF=1 runs bench/hf_generate.py; QLEN_BENCH=1 the multi-token table (QLEN_SHAPES, QLEN_PEERS,
-#   QLEN_T1=0 leaves out the one-column-tile rows); PREFILL_BENCH=1 the prefill table (issue 18:
-#   PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench, PREFILL_PEERS_ARGS to bench/prefill_peers.py,
-#   PREFILL_PEERS=0 skips the peers);
-#   PREFILL_NCU=1 profiles one prefill kernel with ncu (tools/prefill_ncu.sh; stalls: tools/ncu_sass_stalls.py);
-#   PREFILL_AB=1 tests and times the prefill variants carried in .deps/ab (tools/prefill_ab.sh);
-#   TESTS=0 skips the build and the test binaries (e.g. TESTS=0 PYTEST=0 BENCH=0 PREFILL_AB=1)
+#
+#   TESTS=0 / PYTEST=0 / BENCH=0 / PEERS=0 / CLI=0 skip parts;
+#   TEST_TIMEOUT (s per test binary, 300), TEST_FILTER (a gtest filter), PYTEST_TIMEOUT (400 s),
+#   PYTEST_ARGS to pytest, PEERS_ARGS to bench/peers.py (e.g. "--peers sdpa");
+#   QLEN_BENCH=1: q_len 1, 2, 4, 8 at the verification shapes with the peers, one table
+#     (tools/q_len_table.py; QLEN_SHAPES, QLEN_PEERS, QLEN_T1=0 leaves out the one-column-tile rows);
+#   PREFILL_BENCH=1: prompts, a chunk over a cached prefix, a ragged batch, with the peers
+#     (tools/prefill_tables.py; PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench,
+#     PREFILL_PEERS_ARGS to bench/prefill_peers.py, PREFILL_PEERS=0 skips the peers);
+#   HF=1 runs bench/hf_generate.py; CP_BENCH=1 the multi-GPU benchmark.
 # The Python tests need .whl/ carried too (python/run_gpu_tests.sh says how).
 # GoogleTest and the CLI/JSON headers are not installed there: they travel
-# in .deps/ (see README "Running on the H200").
+# in .deps/ (tools/prepare_device_carry.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -49,8 +49,8 @@ export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
 # The GPU's clocks, power and throttle reasons before each timed part
-# (gpu_state.txt): session 13's prefill table ran bf16 2-8% below the same
-# build's A/B minutes before.
+# (gpu_state.txt), so that a run-to-run difference can be told from a slow
+# clock.
 gpu_state() {
   local q=clocks.sm,clocks.max.sm,power.draw,temperature.gpu r  # the reasons' field was renamed (drivers 535+)
   r=$(nvidia-smi --query-gpu=$q,clocks_event_reasons.active --format=csv,noheader 2>/dev/null ||
@@ -92,7 +92,7 @@ fi
 if [ "${BENCH:-1}" = 1 ]; then
   gpu_state "decode bench"
   "$BUILD/bench/metrale_bench" ${BENCH_ARGS:-} --csv "$OUT/bench.csv" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
-  # GPU decode against the CPU backend (exit 1 on a failure; was `metrale check`).
+  # GPU decode against the CPU backend (exit 1 on a failure).
   "$BUILD/bench/metrale_bench" --mode check --shapes 1x1000,4x3000,16x513,33x200,64x4096 --json "$OUT/bench_check.json" >"$OUT/bench_check.log" 2>&1
   summary+=("$(printf '%-24s rc %d  %s' "metrale_bench check" $? "$(grep -c ' ok$' "$OUT/bench_check.log") ok")")
   # The cache write on the same shapes (inputs rotated from HBM).
@@ -103,13 +103,13 @@ if [ "${BENCH:-1}" = 1 ]; then
       tee "$OUT/peers.log"
   fi
 fi
-# A transformers model generating through metrale (issue 19): the Qwen3-shaped
+# A transformers model generating through metrale: the Qwen3-shaped
 # model of bench/hf_generate.py against SDPA and eager, every format.
 if [ "${HF:-0}" = 1 ] && python3 -c "import torch, transformers" 2>/dev/null; then
   PYTHONPATH="${SITE:-/tmp/metrale-site}${PYTHONPATH:+:$PYTHONPATH}" python3 bench/hf_generate.py 2>&1 | tee "$OUT/hf_generate.txt"
   summary+=("$(printf '%-24s rc %d' "hf_generate.py" ${PIPESTATUS[0]})")
 fi
-# Multi-token queries (issue 17): q_len 1, 2, 4, 8 per sequence at the three
+# Multi-token queries: q_len 1, 2, 4, 8 per sequence at the three
 # verification shapes, every format, the planner's column tiles and one
 # column tile forced (the A/B of reading the pages once per 16 columns),
 # the peers at the same q_len, and one table (tools/q_len_table.py).
@@ -128,7 +128,7 @@ if [ "${QLEN_BENCH:-0}" = 1 ]; then
   python3 tools/q_len_table.py "$OUT" | tee "$OUT/qlen_table.md"
   summary+=("$(printf '%-24s rc %d' "q_len table" $?)")
 fi
-# Prefill (issue 18): prompts, a chunk over a cached prefix, a ragged batch,
+# Prefill: prompts, a chunk over a cached prefix, a ragged batch,
 # every format through the planner's kernel, and the peers on the same shapes.
 if [ "${PREFILL_BENCH:-0}" = 1 ]; then
   for d in ${PREFILL_DIMS:-128}; do
@@ -141,21 +141,6 @@ if [ "${PREFILL_BENCH:-0}" = 1 ]; then
     fi
   done
   python3 tools/prefill_tables.py "$OUT/prefill.log" >"$OUT/prefill_tables.md" 2>&1
-fi
-# The prefill variants in .deps/ab (tools/build_prefill_variants.sh): each
-# one's test_gpu_attn, then their prefill_bench in alternating rounds
-# (tools/prefill_ab.sh; PREFILL_AB_ARGS, PREFILL_AB_ARGS_<name>, ROUNDS).
-if [ "${PREFILL_AB:-0}" = 1 ]; then
-  ab=()
-  for d in .deps/ab/*/; do [ -f "$d/prefill_bench.xz" ] && ab+=("$(basename "$d")=$d/prefill_bench.xz"); done
-  PREFILL_AB_TESTS=${PREFILL_AB_TESTS:-1} tools/prefill_ab.sh "$OUT/prefill_ab" "${ab[@]}" 2>&1 | tee "$OUT/prefill_ab.txt"
-  summary+=("$(printf '%-24s rc %d' "prefill A/B (${#ab[@]})" ${PIPESTATUS[0]})")
-fi
-# ncu of one prefill kernel (PREFILL_NCU=1; PREFILL_NCU_ARGS to prefill_bench,
-# default bf16 at 8192 tokens): throughput, warp stalls, instruction mix.
-if [ "${PREFILL_NCU:-0}" = 1 ]; then
-  tools/prefill_ncu.sh "$BUILD/bench/prefill_bench" "$OUT" ${PREFILL_NCU_ARGS:-}
-  summary+=("$(printf '%-24s rc %d' "prefill ncu" $?)")
 fi
 # Context-parallel scaling where the machine has several GPUs.
 if [ "${CP_BENCH:-0}" = 1 ] && [ -x "$BUILD/bench/cp_bench" ]; then
@@ -173,17 +158,13 @@ if [ -x "$BUILD/metrale" ]; then
     # with 2048 requests took 4 minutes there and only bf16 hit its budget.
     "$M" serve-sim --json "$OUT/cli_serve.json" >"$OUT/cli_serve.log" 2>&1
     summary+=("$(printf '%-24s rc %d' "metrale serve-sim" $?)")
-    python3 tools/plot_results.py --bench-csv "$OUT/bench.csv" --serve-json "$OUT/cli_serve.json" \
-      --out-dir "$OUT" >"$OUT/plot.log" 2>&1
-    summary+=("$(printf '%-24s rc %d  %s' "plot_results.py" $? "$(cd "$OUT" && ls ./*.png 2>/dev/null | tr '\n' ' ')")")
   fi
 fi
 
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
-# The device tool returns at most 8 files from $OUT (the first 8 by name
-# otherwise: session 6 lost its peers.csv and summary.txt): the tables come
-# back as they are, everything else (logs, JSON, plots) in one archive.
-(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|qlen_table\.md|prefill\.log|prefill_ncu\.txt|hf_generate\.txt|results\.tgz') &&
+# The device tool returns few files from $OUT: the tables come back as they
+# are, everything else (logs, JSON) in one archive.
+(cd "$OUT" && rest=$(ls -A | grep -vxE 'summary\.txt|bench\.csv|bench_write\.csv|peers\.csv|qlen_table\.md|prefill\.log|prefill_tables\.md|hf_generate\.txt|results\.tgz') &&
   [ -n "$rest" ] && tar czf results.tgz $rest && rm -rf $rest)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The prefill tables (issue 18) from the log that `tools/device_run.sh
+"""The prefill tables from the log that `tools/device_run.sh
 PREFILL_BENCH=1 PREFILL_DIMS="128 64 256"` writes (prefill.log: per head
 dim, prefill_bench's rows, then bench/prefill_peers.py's): TFLOPS per format
 and peer, and the ratios the targets name.

@@ -4,7 +4,7 @@
 // and the NVFP4 per-tensor second scale g taken from the batch itself
 // (optimistic) or from a separate calibration batch (what an engine does:
 // values past the calibrated absmax saturate), and NVFP4 without g (the
-// seed's behaviour: the E4M3 group scales alone must cover the range).
+// E4M3 group scales alone must cover the range).
 #pragma once
 
 #include <cstdint>

@@ -41,7 +41,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;     // "cpu" or "cuda"
   virtual std::string device() const = 0;   // e.g. "NVIDIA H200", "CPU reference backend, 2 threads"
-  virtual AttnTarget attention_target() const = 0;  // what plan_decode plans for
+  virtual AttnTarget attention_target() const = 0;  // what plan_attention plans for
 
   virtual Buffer alloc(size_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
@@ -84,12 +84,12 @@ struct BatchDecode {
   AlignedVector<uint8_t> k_cache;  // the written caches, copied to the host
   AlignedVector<uint8_t> v_cache;
   int32_t num_splits = 1;          // the planner's choice
-  double median_us = 0.0;          // timed_reps > 0: median time of one run_decode (synchronised)
+  double median_us = 0.0;          // timed_reps > 0: median time of one run_attention (synchronised)
 };
 
 // One decode of `b` on `be` through a cache of `format` and `scales`: copy
 // the batch in, quantize its rows (reshape_and_cache into zeroed caches),
-// plan (plan_decode) and decode (run_decode) into a NaN-poisoned output, so
+// plan (plan_attention) and decode (run_attention) into a NaN-poisoned output, so
 // an unwritten element shows; copy the results out. `timed_reps` > 0
 // repeats the decode that often after the first and reports the median.
 BatchDecode decode_batch(Backend& be, const HostBatch& b, KvFormat format, const KvScales& scales,

@@ -91,7 +91,7 @@ int run(const ServeSimOptions& o) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "\npages: pages of K + V the budget holds; tokens: tokens generated (one per running sequence per step);\n"
-      "tokens/s: generated tokens / time in reshape_and_cache + run_decode on this backend (on a GPU one\n"
+      "tokens/s: generated tokens / time in reshape_and_cache + run_attention on this backend (on a GPU one\n"
       "  call at a time, synchronised: a lower bound of what graph-captured steps reach);\n"
       "seqs: running sequences per step; full seqs: their mean over the steps where requests were left\n"
       "waiting (the budget is the limit), vs bf16: that against bf16's; MiB: pages in use;\n"

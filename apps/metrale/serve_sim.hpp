@@ -6,7 +6,7 @@
 // calls: a BlockAllocator hands out the pages of a budget-sized cache as
 // sequences grow; every step appends one token per running sequence with
 // reshape_and_cache (slots from the allocator) and decodes the batch with
-// plan_decode + run_decode; finished sequences free their pages; a request
+// plan_attention + run_attention; finished sequences free their pages; a request
 // waits while the budget is full (admission control), and when a running
 // sequence cannot grow the youngest one is preempted and recomputed later
 // (vLLM's policy). The same seeded request stream runs for every format.
@@ -52,7 +52,7 @@ struct ServeSimResult {
   int64_t peak_used_blocks = 0;
   double mean_used_blocks = 0.0;
   double mean_wait_steps = 0.0;   // steps from arrival to first admission
-  double library_seconds = 0.0;   // time inside reshape_and_cache + run_decode
+  double library_seconds = 0.0;   // time inside reshape_and_cache + run_attention
   int64_t nonfinite = 0;          // NaN/Inf decode output elements (must be 0)
   int32_t final_used_blocks = 0;  // pages still allocated after the run (must be 0)
 

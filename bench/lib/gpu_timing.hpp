@@ -1,5 +1,5 @@
 // Timing on the GPU: median of CUDA-graph replays, and the read-bandwidth
-// ceiling every benchmark reports its fraction of (SYSTEM.md 7).
+// ceiling every benchmark reports its fraction of (docs/spec.md 7).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
 // KV-cache formats and the layout descriptor of one paged cache (K or V).
 //
-// The layout math is SYSTEM.md section 3. K and V are separate caches laid
+// The layout math is docs/spec.md section 3. K and V are separate caches laid
 // out alike; one KvCacheLayout describes both.
 #pragma once
 
@@ -43,8 +43,8 @@ struct KvCacheLayout {
   // data_section_bytes 0 mean dense (codes, then the scales if any).
   static KvCacheLayout make(KvFormat format, int64_t num_blocks, int32_t block_size, int32_t num_kv_heads,
                             int32_t head_dim, int64_t page_stride_bytes = 0, int64_t data_section_bytes = 0);
-  // Dense layouts (page stride = payload). The optional strides are the
-  // seed's `cache_stride` (fp8, in elements = bytes) and `block_stride_bytes`
+  // Dense layouts (page stride = payload). The optional strides are docs/spec.md 3's
+  // `cache_stride` (fp8, in elements = bytes) and `block_stride_bytes`
   // / `data_section_bytes` (nvfp4); 0 means dense.
   static KvCacheLayout bf16(int64_t num_blocks, int32_t block_size, int32_t num_kv_heads, int32_t head_dim);
   static KvCacheLayout fp8(int64_t num_blocks, int32_t block_size, int32_t num_kv_heads, int32_t head_dim,
@@ -79,7 +79,7 @@ struct KvCacheView {
   KvScales scales;
 };
 
-// Calibration: per-tensor scales from a running absmax (SYSTEM.md 1, 2).
+// Calibration: per-tensor scales from a running absmax (docs/spec.md 1, 2).
 // An absmax of 0 (nothing observed) gives scale 1.
 float fp8_scale_from_absmax(float absmax);           // absmax / 448
 float nvfp4_global_scale_from_absmax(float absmax);  // absmax / (448 * 6)

@@ -1,6 +1,6 @@
 // Scalar codecs of the three KV formats, usable on host and device.
 //
-// These are THE definition of the quantizers (SYSTEM.md section 2): the CPU
+// These are THE definition of the quantizers (docs/spec.md section 2): the CPU
 // reference and the CUDA cache-write kernels both call them, which is how
 // GPU and CPU codes and scales stay bit-identical. Everything is integer bit
 // manipulation plus IEEE f32 multiply/divide, which round identically on
@@ -113,7 +113,7 @@ METRALE_HD float e2m1_to_float(uint8_t c) {
 }
 
 // Round to nearest, ties to the even mantissa bit, saturating at 6.
-// A NaN encodes as +0: the group's scale carries the NaN (SYSTEM.md 2).
+// A NaN encodes as +0: the group's scale carries the NaN (docs/spec.md 2).
 METRALE_HD uint8_t e2m1_rne_satfinite(float x) {
   const uint32_t u = f32_bits(x);
   const uint32_t a = u & 0x7fffffffu;
@@ -170,7 +170,7 @@ METRALE_HD uint8_t nvfp4_quantize_group(const float* x, float global_scale, uint
 // in a format without the limit. So the calibrated absmax itself, which maps
 // to 448 up to the f32 rounding of its scale, never counts, and a value 5%
 // past it does (a model's decode-time K). +-inf saturates; NaN never
-// does (it is kept as a NaN, SYSTEM.md 2). This is the one definition the
+// does (it is kept as a NaN, docs/spec.md 2). This is the one definition the
 // cache write counts by on both backends (CacheWriteArgs::saturated).
 constexpr float kE4M3SaturationBound = 464.0f;
 METRALE_HD bool e4m3_saturates(float q) {

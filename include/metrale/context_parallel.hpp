@@ -1,6 +1,6 @@
 // Context-parallel decode: one sequence's context (its pages) is
 // sharded over R ranks (one GPU each); every rank runs the split-K pass over
-// ITS pages only, the ranks exchange their (o, m, l) states (SYSTEM.md 4) and
+// ITS pages only, the ranks exchange their (o, m, l) states (docs/spec.md 4) and
 // every rank merges them into the full output. docs/context_parallel.md has
 // the design; this header is transport-free (no NCCL): sharding, the record
 // layout and the merge on both backends. The NCCL exchange is declared at the
@@ -100,7 +100,7 @@ AttnArgs rank_attn_args(const AttnArgs& global, const RankShard& shard, const in
 // (what ncclAllGather produces). Merged: the split-K layout with
 // merged_splits() = R * slots() splits, record ((seq*H + h)*R + r)*slots() + j,
 // j < splits the rank's splits, j = splits its edge record: ranks play the
-// role of splits, and paged_decode_attn_reduce merges them.
+// role of splits, and reduce_states merges them.
 struct CpLayout {
   int32_t num_ranks = 1;
   int32_t num_seqs = 0;

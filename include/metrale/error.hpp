@@ -17,7 +17,7 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// An argument violates the contract of docs/../SYSTEM.md section 6.
+// An argument violates the contract of docs/spec.md section 6.
 class InvalidArgument : public Error {
  public:
   using Error::Error;

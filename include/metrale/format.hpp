@@ -68,7 +68,7 @@ struct KvFormatDesc {
 
   // Element d of a row whose codes start at `codes` and group scales at
   // `scales` (code_offset / scale_offset), without the per-tensor scale:
-  // code value * group scale (SYSTEM.md 2).
+  // code value * group scale (docs/spec.md 2).
   METRALE_HD float unscaled_element(const uint8_t* codes, const uint8_t* scales, int32_t d) const {
     float x = 0.0f;
     switch (code) {

@@ -125,7 +125,7 @@ METRALE_HD QueryRange view_range(QueryRange r, int32_t view_start, int32_t view_
   return e > b ? QueryRange{b, e} : QueryRange{0, 0};
 }
 
-// Split-K state (SYSTEM.md 4): f32 records of D + 2 floats, record index
+// Split-K state (docs/spec.md 4): f32 records of D + 2 floats, record index
 // (seq*num_q_heads + h)*num_splits + split: the split's normalised partial
 // output, then m (max logit) and l (sum of exp(logit - m)). Layout, merge,
 // empty and NaN rules: metrale/softmax_state.hpp.

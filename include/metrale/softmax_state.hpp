@@ -1,4 +1,4 @@
-// The split-K softmax state (SYSTEM.md 4), written once: the record every
+// The split-K softmax state (docs/spec.md 4), written once: the record every
 // partial result is stored as, how states merge, the empty and NaN rules and
 // the final normalisation. The decode kernel's epilogue and cluster merge, the
 // reduce kernel, the CPU backend and the context-parallel merge all use it.
@@ -78,7 +78,7 @@ template <class Units = Ln>
 struct Merge {
   float M = -INFINITY;
   bool nan = false;
-  // An attention sink's logit (SYSTEM.md 8; same units as m): it joins the
+  // An attention sink's logit (docs/spec.md 8; same units as m): it joins the
   // denominator of the final normalisation only. -inf: none.
   float sink = -INFINITY;
 

@@ -1,5 +1,5 @@
 // bf16_absmax on the CPU: max |x| over strided rows, NaNs ignored, folded
-// into *absmax with max (the FP8 / NVFP4 calibration, SYSTEM.md 1).
+// into *absmax with max (the FP8 / NVFP4 calibration, docs/spec.md 1).
 #include <algorithm>
 #include <mutex>
 

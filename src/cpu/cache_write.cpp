@@ -1,4 +1,4 @@
-// reshape_and_cache on the CPU (SYSTEM.md 1-3): each token's K and V rows are
+// reshape_and_cache on the CPU (docs/spec.md 1-3): each token's K and V rows are
 // written to its slot, quantized with the codecs of metrale/codec.hpp only,
 // so the codes and scales are bit-identical to the GPU's, and the saturated
 // elements counted by the same rule (codec::fp8_saturates / nvfp4_saturates).

@@ -1,4 +1,4 @@
-// Paged attention on the CPU, decode and query runs (SYSTEM.md 8) alike: a
+// Paged attention on the CPU, decode and query runs (docs/spec.md 8) alike: a
 // decode is a run of one row per sequence, through the same code. Single
 // pass, split-K partial states (docs/spec.md 4), run_attention. Work
 // items are (sequence, kv head[, split]); for each row of the sequence's run

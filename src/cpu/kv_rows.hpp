@@ -1,5 +1,5 @@
 // Reading one (token, kv head) row of a paged cache as f32, and writing one
-// (SYSTEM.md 2-3): the CPU codecs of the element codes of metrale/format.hpp.
+// (docs/spec.md 2-3): the CPU codecs of the element codes of metrale/format.hpp.
 //
 // Decode dequantizes each row once and serves every q head of its GQA group
 // from the f32 copy. The per-tensor scales (fp8 k/v_scale, nvfp4 global
@@ -73,7 +73,7 @@ inline int64_t quantize_row(const KvFormatDesc& f, const bf16* src, int64_t n, f
       std::memcpy(codes, src, size_t(n) * 2);
       break;
     case KvCode::e4m3: {
-      const float inv = 1.0f / tensor;  // in f32, once (SYSTEM.md 2)
+      const float inv = 1.0f / tensor;  // in f32, once (docs/spec.md 2)
       for (int64_t i = 0; i < n; ++i) {
         const float x = codec::bf16_to_float(src[i]);
         codes[i] = codec::e4m3_rne_satfinite(x * inv);

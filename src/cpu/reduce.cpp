@@ -1,4 +1,4 @@
-// paged_decode_attn_reduce on the CPU: merges split-K partial states into
+// reduce_states on the CPU: merges split-K partial states into
 // the bf16 output by softmax_state.hpp's rule, in split order; format-
 // independent. A NaN inside o reaches the output through the weighted sum.
 #include <algorithm>

@@ -1,5 +1,5 @@
 // The CPU split-K reduce for callers that validated its arguments
-// (run_decode); cpu::paged_decode_attn_reduce validates first.
+// (run_attention); cpu::reduce_states validates first.
 #pragma once
 
 #include "metrale/ops.hpp"

@@ -1,4 +1,4 @@
-// KvCacheLayout construction, validation and byte accounting (SYSTEM.md 3),
+// KvCacheLayout construction, validation and byte accounting (docs/spec.md 3),
 // from the format table (metrale/format.hpp).
 #include <string>
 

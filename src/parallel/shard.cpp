@@ -220,7 +220,7 @@ void validate_cp_rank_args(const cp::CpLayout& L, const AttnArgs& a) {
 namespace metrale::cpu {
 
 namespace {
-// Dequantized element d of token t, kv head h of cache page `page` (SYSTEM.md 2, 3).
+// Dequantized element d of token t, kv head h of cache page `page` (docs/spec.md 2, 3).
 float cache_elem(const KvCacheView& c, bool is_k, int32_t page, int32_t t, int32_t h, int32_t d) {
   const KvCacheLayout& L = c.layout;
   const KvFormatDesc& f = kv_format_desc(L.format);

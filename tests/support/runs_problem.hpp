@@ -1,4 +1,4 @@
-// Query runs (SYSTEM.md 8) over a random problem's cache, shared by the CPU
+// Query runs (docs/spec.md 8) over a random problem's cache, shared by the CPU
 // and GPU tests: ragged runs of random q rows, sinks, soft-cap, and the
 // comparison with the float64 reference (testing/attention_f64).
 #pragma once

@@ -1,4 +1,4 @@
-// bf16_absmax on the GPU (SYSTEM.md 1): max |x| over num_rows strided rows of
+// bf16_absmax on the GPU (docs/spec.md 1): max |x| over num_rows strided rows of
 // row_len bf16 values, folded into a device f32 with an atomic max. NaNs are
 // ignored, as in cpu::bf16_absmax.
 //

@@ -1,5 +1,5 @@
 // Fast quantizers for the cache-write kernel, bit-identical to the scalar
-// codecs of metrale/codec.hpp (the definition, SYSTEM.md 2).
+// codecs of metrale/codec.hpp (the definition, docs/spec.md 2).
 //
 // Everything here is __host__ __device__ and uses only integer operations,
 // comparisons, min/max and IEEE f32 multiply, divide and (explicitly

@@ -1,4 +1,4 @@
-// reshape_and_cache on the GPU (SYSTEM.md 1-3): writes each new token's K and
+// reshape_and_cache on the GPU (docs/spec.md 1-3): writes each new token's K and
 // V rows (bf16; token and head strided: fused QKV rows or head-major views)
 // into its slot of the paged K and V caches, as BF16, FP8 E4M3 or NVFP4.
 //

@@ -49,7 +49,7 @@ struct DecodeParams {
   float v_factor;            // V dequant factor applied to the output
   int32_t num_splits;
   bf16* out;                 // single pass: [num_seqs, num_q_heads, D]
-  float* workspace;          // split-K: records of D+2 floats (SYSTEM.md 4)
+  float* workspace;          // split-K: records of D+2 floats (docs/spec.md 4)
   int32_t cluster_merge;     // split-K launched as clusters of its num_splits CTAs, which merge their
                              // records through distributed shared memory into `out` (no workspace, no reduce)
 };

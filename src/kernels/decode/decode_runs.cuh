@@ -1,4 +1,4 @@
-// Query runs in the decode kernel (SYSTEM.md 8): the columns of a CTA are
+// Query runs in the decode kernel (docs/spec.md 8): the columns of a CTA are
 // (query row, q head) pairs of its kv head's group instead of q heads alone,
 // so that one pass over the kv head's pages serves 8 * col_tiles of them
 // (DecodeConfig's NT n-tiles): the run's rows j and the group's heads h in

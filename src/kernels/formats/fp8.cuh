@@ -73,7 +73,7 @@ struct Fp8Format : FormatPolicy<KvFormat::fp8_e4m3>, VQuadByPairs<Fp8Format> {
     for (int i = 0; i < 16; ++i) n += codec::fp8_saturates(x[i], inv_scale);
     return n;
   }
-  // inv_scale = 1.0f / scale, once, in f32 (SYSTEM.md 2).
+  // inv_scale = 1.0f / scale, once, in f32 (docs/spec.md 2).
   static float write_param(float scale) { return 1.0f / scale; }
 };
 

@@ -1,4 +1,4 @@
-// Query runs over the paged cache at tensor-core rate (SYSTEM.md 8; issue
+// Query runs over the paged cache at tensor-core rate (docs/spec.md 8; issue
 // 18): the Hopper kernel the planner takes for long runs (prompts, chunks
 // of a chunked prefill). Its parts:
 //   prefill_config.cuh      tiles, roles, register budgets, shared memory
@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // conflict-free), then out in 16-byte units, a row's units by consecutive
   // threads (a token's q heads are consecutive rows of the output).
   // Split-K (p.workspace): the split's record of each row instead (its
-  // normalised outputs and state, SYSTEM.md 4; the sink joins only the
+  // normalised outputs and state, docs/spec.md 4; the sink joins only the
   // reduce's final normalisation, which also writes lse).
   const float qnan = __int_as_float(0x7fc00000);
   float* const records = p.workspace;

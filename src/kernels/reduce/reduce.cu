@@ -1,4 +1,4 @@
-// Split-K reduce: merges the (o, m, l) records of SYSTEM.md 4 into the bf16
+// Split-K reduce: merges the (o, m, l) records of docs/spec.md 4 into the bf16
 // output. One reduce serves every KV format: the records are format-free.
 //
 // One CTA per (sequence, q head): groups of D/2 threads, each thread two
@@ -36,7 +36,7 @@ struct ReduceParams {
   int32_t head_dim;
   bf16* out;
   int32_t num_q_heads;
-  const float* sinks;  // [num_q_heads] or null (SYSTEM.md 8)
+  const float* sinks;  // [num_q_heads] or null (docs/spec.md 8)
   float* lse;          // [rows] or null
   int32_t cols_log2;   // log2(head_dim / 2): a group's threads
   int32_t group_splits;  // splits per thread group: ceil(num_splits / groups)
