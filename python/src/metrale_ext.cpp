@@ -15,6 +15,7 @@
 
 namespace metrale_ext {
 void bind_attention(nb::module_& m);       // attention_ext.cpp
+void bind_block_allocator(nb::module_& m); // block_allocator_ext.cpp
 
 namespace {
 // ---- operations ----
@@ -287,6 +288,7 @@ NB_MODULE(_metrale, m) {
   m.def("max_splits", []() { return kMaxSplits; });
 
   bind_attention(m);
+  bind_block_allocator(m);
 
   m.def("cpu_num_threads", &cpu::num_threads);
   m.def("cpu_set_num_threads", &cpu::set_num_threads, nb::arg("n"));
