@@ -569,7 +569,7 @@ def test_query_rows_are_decodes_of_their_prefixes(rng, fmt):
 
 
 def test_client_api_fixes(rng):
-    """Issue 19's rough edges: transformers' 4-D shapes, the layer's window per run,
+    """transformers' 4-D shapes, the layer's window per run,
     scales fixed once tokens are written, calibration errors naming the argument,
     the planner's device taken from the cache."""
     b = Batch(rng, "fp8", num_seqs=3, lens=[50, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
@@ -599,7 +599,7 @@ def test_client_api_fixes(rng):
 
 
 def test_out_has_the_callers_array_type(rng):
-    """A torch CPU q gets a torch bf16 out (issue 19, point 3)."""
+    """A torch CPU q gets a torch bf16 out."""
     torch = pytest.importorskip("torch")
     b = Batch(rng, "bf16", num_seqs=2, lens=[30, 10], max_len=30, Hq=8, Hkv=2, D=64, B=16)
     q = torch.from_numpy(b.q.view(np.int16)).view(torch.bfloat16)
@@ -610,7 +610,7 @@ def test_out_has_the_callers_array_type(rng):
 
 
 def test_int64_host_tables_are_accepted(rng):
-    """NumPy's (and torch's) default int64 block tables and lengths work on the host (issue 19, point 2)."""
+    """NumPy's (and torch's) default int64 block tables and lengths work on the host."""
     b = Batch(rng, "nvfp4", num_seqs=3, lens=[50, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
     want = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
     got = metrale.attention(b.q, b.cache.layer(0), b.block_tables.astype(np.int64), b.seq_lens.astype(np.int64))
@@ -619,7 +619,87 @@ def test_int64_host_tables_are_accepted(rng):
         metrale.attention(b.q, b.cache.layer(0), np.full_like(b.block_tables, 2**40, dtype=np.int64), b.seq_lens)
 
 
-# ------------------------------------- head-strided inputs (issue 19, point 1)
+# ------------------------------------------------ q as a head-major view
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_head_major_q_equals_packed_q(rng, fmt):
+    """transformers' batch-1 query (1, heads, tokens, D) read as (tokens, heads, D): heads
+    strided (tokens * D apart), rows D apart. Decode and query runs give the packed q's rows."""
+    b = Batch(rng, fmt, num_seqs=3, lens=[40, 9, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
+    view = b.cache.layer(0)
+    for q_start in (None, np.array([0, 4, 5, 11], dtype=np.int32)):
+        rows = 3 if q_start is None else 11
+        packed = ref.bf16_bits(rng.standard_normal((rows, 8, 64)))
+        hm = np.ascontiguousarray(packed.transpose(1, 0, 2)).transpose(1, 0, 2)  # (rows, heads, D) view
+        assert hm.strides == (64 * 2, rows * 64 * 2, 2)
+        want = metrale.attention(packed, view, b.block_tables, b.seq_lens, q_start=q_start, sliding_window=30)
+        got = metrale.attention(hm, view, b.block_tables, b.seq_lens, q_start=q_start, sliding_window=30)
+        assert np.array_equal(got, want)
+        four = hm.transpose(1, 0, 2)[None]  # the (1, heads, tokens, D) tensor itself
+        assert np.array_equal(metrale.attention(four, view, b.block_tables, b.seq_lens, q_start=q_start,
+                                                sliding_window=30), want)
+    overlap = np.lib.stride_tricks.as_strided(packed, (11, 8, 64), (64 * 2, 64 * 2, 2))  # heads on rows
+    with pytest.raises(ValueError, match="q_stride|q_head_stride"):
+        metrale.attention(overlap, view, b.block_tables, b.seq_lens, q_start=np.array([0, 4, 5, 11], np.int32))
+
+
+# ------------------------------------------ what a Planner runs and refuses
+
+
+def test_planner_rows_default_to_num_seqs_times_max_q_len(rng):
+    """Planner(num_seqs, ..., max_q_len=N) without num_q_rows plans num_seqs * N rows, and a
+    multi-token batch of that many rows runs on it."""
+    b = Batch(rng, "fp8", num_seqs=3, lens=[40, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
+    plan = metrale.Planner(3, 8, b.cache.layout, 70, device="cpu", max_q_len=8)
+    assert plan.plan.num_q_rows == 24 and plan.plan.kernel == "query_runs"
+    q_start = np.array([0, 8, 16, 24], dtype=np.int32)
+    q = ref.bf16_bits(rng.standard_normal((24, 8, 64)))
+    got = plan.run(q, b.cache.layer(0), b.block_tables, b.seq_lens, q_start=q_start)
+    want = metrale.attention(q, b.cache.layer(0), b.block_tables, b.seq_lens, q_start=q_start)
+    np.testing.assert_allclose(metrale.from_bf16(got), metrale.from_bf16(want), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="num_q_rows = 24"):
+        plan.run(ref.bf16_bits(rng.standard_normal((25, 8, 64))), b.cache.layer(0), b.block_tables, b.seq_lens,
+                 q_start=np.array([0, 8, 16, 25], dtype=np.int32))
+
+
+def test_planner_runs_any_batch_that_fits(rng):
+    """Runs of 0 or 1 rows (an engine's mixed step) and an empty batch run on a max_q_len=8
+    plan; a decode plan runs fewer sequences than it was made for."""
+    b = Batch(rng, "bf16", num_seqs=4, lens=[40, 20, 70, 5], max_len=70, Hq=8, Hkv=2, D=64, B=16)
+    view = b.cache.layer(0)
+    plan = metrale.Planner(4, 8, b.cache.layout, 70, device="cpu", max_q_len=8, attn_options=True)
+    q = ref.bf16_bits(rng.standard_normal((3, 8, 64)))
+    q_start = np.array([0, 1, 1, 2, 3], dtype=np.int32)  # runs 1, 0, 1, 1
+    got, lse = plan.run(q, view, b.block_tables, b.seq_lens, q_start=q_start, return_lse=True)
+    want = metrale.attention(q[[0, 0, 1, 2]], view, b.block_tables, b.seq_lens)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1:], want[2:]) and np.isfinite(lse).all()
+    empty = plan.run(np.zeros((0, 8, 64), np.uint16), view, b.block_tables[:0], b.seq_lens[:0],
+                     q_start=np.zeros(1, np.int32))
+    assert empty.shape == (0, 8, 64)
+    dec = metrale.Planner(4, 8, b.cache.layout, 70, device="cpu")
+    assert np.array_equal(dec.run(b.q[:2], view, b.block_tables[:2], b.seq_lens[:2]),
+                          metrale.attention(b.q[:2], view, b.block_tables[:2], b.seq_lens[:2]))
+
+
+def test_forced_splits_past_the_workspace_bound_raise_before_allocating():
+    """Forcing num_splits on prefill-sized runs (130 sequences of up to 4000 rows, 64 splits:
+    hundreds of GiB of split-K states) raises ValueError naming the bytes; the planner's own
+    choice stays within the bound."""
+    layout = metrale.make_layout("fp8", 4096, 16, 8, 128)
+    with pytest.raises(ValueError, match=r"max_workspace_bytes|bytes"):
+        metrale.Planner(130, 32, layout, 4000, device="cpu", max_q_len=4000, num_splits=64)
+    with pytest.raises(ValueError, match=r"bytes"):
+        metrale.Planner(4, 8, metrale.make_layout("bf16", 64, 16, 2, 64), 1000, device="cpu", num_splits=4,
+                        max_workspace_bytes=1024)
+    own = metrale.Planner(130, 32, layout, 4000, device="cpu", max_q_len=4000, allocate_workspace=False)
+    assert own.workspace_bytes <= 4 << 30
+    small = metrale.Planner(2, 8, metrale.make_layout("bf16", 64, 16, 2, 64), 1000, device="cpu",
+                            max_workspace_bytes=1 << 20)
+    assert small.workspace_bytes <= 1 << 20
+
+
+# ------------------------------------- head-strided cache writes
 
 
 def _head_major(rng, B, H, S, D):
@@ -682,7 +762,7 @@ def test_write_rejects_bad_strided_inputs(rng):
         cache.write(0, buf[:, :, :64], v4[:, :, -1], slots)
 
 
-# --------------------------------------------- saturation counts (issue 19, point 7)
+# --------------------------------------------- saturation counts
 
 
 def _saturated_ref(fmt, x_bits, scale, gscale):

@@ -329,6 +329,27 @@ def test_model_families_match_eager(prompts, family):
     assert torch.isfinite(q).all() and float((q - ref).abs().max()) <= 0.3 * float(ref.abs().max())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and metrale.cuda_available()), reason="no CUDA device usable by metrale (sm_90)"))])
+def test_gpt_oss_at_batch_one(device):
+    """A GPT-OSS-shaped model (sinks, head_dim 64, sliding layers) at batch 1: transformers hands
+    q as (1, heads, tokens, head_dim), read as (tokens, heads, head_dim) rows whose heads are
+    strided; the prompt teacher-forced against eager, then assisted generation (the drafts as
+    query runs of the same view)."""
+    import transformers as tf
+    if not hasattr(tf, "GptOssConfig"):
+        pytest.skip("GptOss is not in this transformers")
+    torch.manual_seed(0)
+    m = tf.GptOssForCausalLM(tf.GptOssConfig(**FAMILIES["GptOss"])).to(torch.bfloat16).eval().to(device)
+    ids, mask = hg.make_prompts([29], 512, device=device)
+    cont = torch.randint(3, 512, (1, 3), generator=torch.Generator().manual_seed(2)).to(device)
+    ref = hg.teacher_forced(m, ids, mask, cont, "eager")[0]
+    got = hg.teacher_forced(m, ids, mask, cont, "metrale", "bf16")[0]
+    assert float((got - ref).abs().max()) <= 0.03, float((got - ref).abs().max())
+    m.set_attn_implementation("metrale")
+    _prompt_lookup(m, "bf16", device)
+
+
 def test_errors_name_the_problem(model, prompts):
     ids, mask = prompts
     model.set_attn_implementation("metrale")
