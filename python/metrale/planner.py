@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from .cache import PagedKVCache
 
 MERGES = ("automatic", "single_pass", "cluster", "workspace", "states_only")
+# The split-K workspace bound of a plan made with max_workspace_bytes=0.
+DEFAULT_MAX_WORKSPACE_BYTES: int = int(_metrale.default_max_workspace_bytes())
 
 
 def _cache_device(cache: Any) -> str:
@@ -142,7 +144,7 @@ class Planner:
     split-K states to the workspace and stops, for :func:`reduce_states`),
     ``max_workspace_bytes`` (0: the default bound, 4 GiB): a forced split count
     whose workspace passes it raises ValueError naming the bytes, before anything
-    is allocated.
+    is allocated; the planner's own split count stays within it.
 
     ``self.plan`` is the :class:`AttnPlan` (``kernel``: "decode", "query_runs" or
     "prefill"; ``num_splits``; ``merge``; ``workspace_bytes``). The planner owns

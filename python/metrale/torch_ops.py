@@ -126,8 +126,8 @@ def _write(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_k
            data_section_bytes, saturated) -> None:
     lay = _layout(format, k_cache, block_size, num_kv_heads, _kv_heads_dim(key, num_kv_heads), data_section_bytes)
     _metrale.reshape_and_cache(_dl(key), _dl(value), _dl(slot_mapping), lay, _dl(k_cache), _dl(v_cache),
-                               scales_of(lay.format, k_scale, v_scale), None, None if saturated is None else _dl(saturated),
-                               _stream(key))
+                               scales_of(lay.format, k_scale, v_scale), None,
+                               None if saturated is None else _dl(saturated), _stream(key))
 
 
 # Two operators, not one with `saturated: Optional[Tensor] = None`: torch 2.11's

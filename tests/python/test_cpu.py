@@ -154,7 +154,7 @@ def test_splitk_equals_single_pass(rng, fmt, num_splits, window):
 
 
 def test_reduce_merges_states_from_anywhere(rng):
-    """Partial states written by NumPy (SYSTEM.md 4), including an empty split."""
+    """Partial states written by NumPy (docs/spec.md 4), including an empty split."""
     S, Hq, D, P = 3, 4, 64, 3
     o = rng.standard_normal((S, Hq, P, D)).astype(np.float32)
     m = rng.standard_normal((S, Hq, P)).astype(np.float32) * 4
@@ -452,9 +452,12 @@ def test_user_buffers_and_calibrator(rng):
     cal = metrale.Calibrator()
     cal.observe(k[:25], v[:25])
     cal.observe(k[25:], v[25:])
-    ks, vs = cal.fp8_scales()
+    scales = cal.scales("fp8")
+    ks, vs = scales["k_scale"], scales["v_scale"]
     assert ks == np.float32(np.abs(ref.bf16_value(k)).max()) / np.float32(448)
-    view = metrale.KVCacheView(lay, kbuf, vbuf, k_scale=ks, v_scale=vs)
+    assert cal.scales("nvfp4")["k_global_scale"] == np.float32(np.abs(ref.bf16_value(k)).max()) / np.float32(448 * 6)
+    assert cal.scales("bf16") == {}
+    view = metrale.KVCacheView(lay, kbuf, vbuf, **scales)
     block_tables = np.array([[5, 0, 3, 1]], dtype=np.int32)
     pos = np.arange(50)
     slots = block_tables[0, pos // 16].astype(np.int64) * 16 + pos % 16
@@ -693,7 +696,7 @@ def test_forced_splits_past_the_workspace_bound_raise_before_allocating():
         metrale.Planner(4, 8, metrale.make_layout("bf16", 64, 16, 2, 64), 1000, device="cpu", num_splits=4,
                         max_workspace_bytes=1024)
     own = metrale.Planner(130, 32, layout, 4000, device="cpu", max_q_len=4000, allocate_workspace=False)
-    assert own.workspace_bytes <= 4 << 30
+    assert own.workspace_bytes <= metrale.planner.DEFAULT_MAX_WORKSPACE_BYTES
     small = metrale.Planner(2, 8, metrale.make_layout("bf16", 64, 16, 2, 64), 1000, device="cpu",
                             max_workspace_bytes=1 << 20)
     assert small.workspace_bytes <= 1 << 20

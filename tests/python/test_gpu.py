@@ -364,4 +364,4 @@ def test_gpu_forced_splits_past_the_workspace_bound_raise_before_allocating():
         metrale.Planner(130, 32, layout, 4000, device=DEV, max_q_len=4000, num_splits=64)
     assert torch.cuda.memory_allocated() == before
     own = metrale.Planner(130, 32, layout, 4000, device=DEV, max_q_len=4000)
-    assert own.workspace_bytes <= 4 << 30, own.plan
+    assert own.workspace_bytes <= metrale.planner.DEFAULT_MAX_WORKSPACE_BYTES, own.plan

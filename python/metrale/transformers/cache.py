@@ -13,6 +13,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .. import torch_ops  # noqa: F401 (registers torch.ops.metrale.*)
+from .._arrays import format_name
 from .._metrale import KvFormat
 from ..cache import PagedKVCache
 from .attention import make_current
@@ -435,7 +436,7 @@ class PagedCache(Cache):
             self._calibrate(layer, key, value, slots)
         view = self.kv.layer(layer)
         k_cache, v_cache, sat = self._pages[layer]
-        fmt, k_scale, v_scale = self.format, *view.tensor_scales
+        fmt, (k_scale, v_scale) = format_name(self.kv.format), view.tensor_scales
         # K/V are read where they lie (head-major (batch, kv_heads, n, head_dim) views, strided
         # writes): no copy. One token per sequence: one write of (batch, kv_heads, head_dim) rows;
         # a prompt: one write per sequence of its (n, kv_heads, head_dim) view. Clipped elements
