@@ -519,6 +519,16 @@ def test_planner_binds_the_plan_and_its_options(rng):
     check_out(out, b.reference())
     single = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", merge="single_pass")
     assert (single.num_splits, single.plan.merge, single.workspace) == (1, "single_pass", None)
+    runs = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", query_runs=True)
+    assert runs.plan.kernel == "query_runs" and runs.plan.num_q_rows == 3
+    states = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=2, merge="states_only")
+    ws = states.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    assert ws is states.workspace and states.plan.merge == "states_only"
+    out = poisoned_out(3, 8, 64)
+    metrale.reduce_states(ws, out, 2)
+    check_out(out, b.reference())
+    with pytest.raises(ValueError, match="cluster"):  # the CPU target has no clusters
+        metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=2, merge="cluster")
     with pytest.raises(ValueError, match="merge"):
         metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", merge="sideways")
     with pytest.raises(ValueError, match="num_splits"):
