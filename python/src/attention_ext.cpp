@@ -200,7 +200,8 @@ void bind_attention(nb::module_& m) {
       .def_ro("num_splits", &AttnPlan::num_splits)
       .def_prop_ro("merge", [](const AttnPlan& p) { return std::string(to_string(p.merge)); })
       .def_ro("workspace_bytes", &AttnPlan::workspace_bytes)
-      .def_prop_ro("grid", [](const AttnPlan& p) { return std::make_tuple(p.grid_x(p.problem.num_seqs), p.num_splits); })
+      .def_prop_ro("grid",
+                   [](const AttnPlan& p) { return std::make_tuple(p.grid_x(p.problem.num_seqs), p.num_splits); })
       .def_prop_ro("num_seqs", [](const AttnPlan& p) { return p.problem.num_seqs; })
       .def_prop_ro("num_q_heads", [](const AttnPlan& p) { return p.problem.num_q_heads; })
       .def_prop_ro("layout", [](const AttnPlan& p) { return p.problem.layout; })

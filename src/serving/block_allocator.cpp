@@ -17,7 +17,8 @@ BlockAllocator::BlockAllocator(int32_t num_blocks) {
 
 void BlockAllocator::check_used(int32_t block, const char* what) const {
   METRALE_CHECK_ARG(block >= 0 && block < total(), "block", block, "a page id in [0, " + std::to_string(total()) + ")");
-  METRALE_CHECK_ARG(refs_[size_t(block)] > 0, "block", block, std::string("a page in use (this one is free) to ") + what);
+  METRALE_CHECK_ARG(refs_[size_t(block)] > 0, "block", block,
+                    std::string("a page in use (this one is free) to ") + what);
 }
 
 std::optional<int32_t> BlockAllocator::allocate() {
