@@ -113,7 +113,7 @@ def test_planner_runs_every_layer(rng, fmt):
     b = Batch(rng, fmt, num_seqs=4, max_len=300, num_layers=2, Hq=8, Hkv=2)
     plan = metrale.Planner(len(b.seq_lens), 8, b.cache.layout, int(b.seq_lens.max()), 0, "cpu")
     assert plan.num_splits >= 1 and plan.workspace_bytes >= 0
-    assert (plan.workspace is None) == (plan.num_splits == 1)
+    assert (plan.workspace is None) == (plan.workspace_bytes == 0)
     for layer in range(2):
         out = poisoned_out(len(b.seq_lens), 8, 64)
         plan.run(b.q, b.cache.layer(layer), b.block_tables, b.seq_lens, out)
@@ -126,7 +126,8 @@ def test_planner_splits_a_long_small_batch_and_runs_it(rng):
         b = Batch(rng, "fp8", num_seqs=1, lens=[2000], max_len=2000, Hq=4, Hkv=4, D=64, B=16)
         plan = metrale.Planner(1, 4, b.cache, 2000, device="cpu")
         assert plan.num_splits > 1, plan
-        assert plan.workspace_bytes == metrale.splitk_workspace_bytes(1, 4, 64, plan.num_splits)
+        assert plan.plan.workspace_bytes == metrale.splitk_workspace_bytes(1, 4, 64, plan.num_splits)
+        assert plan.workspace_bytes >= plan.plan.workspace_bytes
         out = plan.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sm_scale=0.1)
         check_out(out, b.reference(sm_scale=0.1))
     finally:
@@ -512,7 +513,7 @@ def test_planner_binds_the_plan_and_its_options(rng):
     assert isinstance(plan.plan, metrale.AttnPlan)
     assert (plan.plan.kernel, plan.num_splits, plan.plan.merge) == ("decode", 3, "workspace")
     assert plan.plan.grid[1] == 3 and plan.plan.num_q_rows == 3
-    assert plan.workspace_bytes == metrale.splitk_workspace_bytes(3, 8, 64, 3)
+    assert plan.plan.workspace_bytes == metrale.splitk_workspace_bytes(3, 8, 64, 3)
     assert "AttnPlan(kernel=decode, num_splits=3, merge=workspace" in repr(plan)
     out = poisoned_out(3, 8, 64)
     plan.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, out)
@@ -574,9 +575,12 @@ def test_query_rows_are_decodes_of_their_prefixes(rng, fmt):
                                sliding_window=20)
     dec = metrale.attention(q[[0, 0, 1]], b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=20)
     assert np.array_equal(single[0], dec[0]) and np.array_equal(single[1], dec[2])
-    with pytest.raises(ValueError, match="max_q_len"):
-        metrale.Planner(3, 8, b.cache.layout, 90, device="cpu").run(q[:2], b.cache.layer(0), b.block_tables,
-                                                                   b.seq_lens, q_start=ones)
+    dec_plan = metrale.Planner(3, 8, b.cache.layout, 90, sliding_window=20, device="cpu")
+    assert dec_plan.plan.kernel == "decode" and dec_plan.runs_plan.kernel == "query_runs"
+    assert np.array_equal(dec_plan.run(q[:2], b.cache.layer(0), b.block_tables, b.seq_lens, q_start=ones), single)
+    only = metrale.Planner(3, 8, b.cache.layout, 90, device="cpu", runs_plan=False)
+    with pytest.raises(ValueError, match="runs_plan"):
+        only.run(q[:2], b.cache.layer(0), b.block_tables, b.seq_lens, q_start=ones)
     with pytest.raises(ValueError, match="softcap"):
         metrale.attention(q, b.cache.layer(0), b.block_tables, b.seq_lens, q_start=q_start, softcap=-1.0)
 
@@ -693,6 +697,9 @@ def test_planner_runs_any_batch_that_fits(rng):
     dec = metrale.Planner(4, 8, b.cache.layout, 70, device="cpu")
     assert np.array_equal(dec.run(b.q[:2], view, b.block_tables[:2], b.seq_lens[:2]),
                           metrale.attention(b.q[:2], view, b.block_tables[:2], b.seq_lens[:2]))
+    # a decode Planner (max_q_len=1) serves the same runs of at most one row, and lse, through its runs plan
+    got1, lse1 = dec.run(q, view, b.block_tables, b.seq_lens, q_start=q_start, return_lse=True)
+    assert np.array_equal(got1, got) and np.array_equal(lse1, lse)
 
 
 def test_forced_splits_past_the_workspace_bound_raise_before_allocating():
