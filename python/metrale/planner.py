@@ -192,7 +192,12 @@ class Planner:
                                            options, runs, int(num_splits), merge, int(max_workspace_bytes))
 
         self.plan: AttnPlan = plan(bool(attn_options), bool(query_runs))
-        self.runs_plan: Optional[AttnPlan] = plan(True, True) if runs_plan and self.plan.kernel == "decode" else None
+        self.runs_plan: Optional[AttnPlan] = None
+        if runs_plan and self.plan.kernel == "decode":
+            try:
+                self.runs_plan = plan(True, True)
+            except ValueError:  # a forced choice the runs kernel cannot take: decode calls only
+                self.runs_plan = None
         self.workspace = None
         if allocate_workspace and self.workspace_bytes > 0:
             self.workspace = _empty(((self.workspace_bytes + 3) // 4,), "float32", self._device)
@@ -245,8 +250,8 @@ class Planner:
                                         or return_lse):
             if self.runs_plan is None:
                 raise ValueError("'q_start' / 'sinks' / 'softcap' / 'lse': this Planner made a decode plan only "
-                                 "(runs_plan=False); make it with runs_plan=True, query_runs=True or "
-                                 "attn_options=True")
+                                 "(runs_plan=False, or its forced options do not fit the runs kernel); make it "
+                                 "with query_runs=True or attn_options=True")
             plan = self.runs_plan
         if q_start is None and rows > self.num_seqs:
             raise ValueError(f"'q': {rows} rows (one per sequence); expected at most num_seqs = {self.num_seqs} "
