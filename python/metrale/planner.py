@@ -129,7 +129,7 @@ class Planner:
 
     ``Planner(num_seqs, num_q_heads, layout, max_seq_len, sliding_window=0, device=None, *,
     max_q_len=1, num_q_rows=0, query_runs=False, attn_options=False, num_splits=0,
-    merge="automatic", max_workspace_bytes=0)``
+    merge="automatic", max_workspace_bytes=0, allocate_workspace=True, runs_plan=True)``
 
     What the plan is made for (upper bounds): ``num_seqs`` sequences of at most
     ``max_seq_len`` positions, query runs of at most ``max_q_len`` rows (1: decode)
@@ -152,11 +152,12 @@ class Planner:
     sinks, soft-cap and lse (``runs_plan=False`` leaves it out, None), which
     ``run`` takes for a ``q_start`` (runs of at most one row: an engine's mixed
     step) or those options. The planner owns the split-K workspace its plans need
-    on `device` (allocated once here, never in ``run``). ``run`` enqueues what the plan says without synchronising or
-    allocating when ``out`` is given, so it can be captured in a CUDA graph. Any
-    batch that fits the plan runs on it (at most num_seqs sequences, num_q_rows
-    rows, runs of at most max_q_len rows, any lengths): the plan is a
-    performance choice, not a correctness one.
+    on `device` (allocated once here, never in ``run``; ``allocate_workspace=False``
+    leaves that to the caller). ``run`` enqueues what the plan says without
+    synchronising or allocating when ``out`` is given, so it can be captured in a
+    CUDA graph. Any batch that fits the plan runs on it (at most num_seqs
+    sequences, num_q_rows rows, runs of at most max_q_len rows, any lengths): the
+    plan is a performance choice, not a correctness one.
     """
 
     def __init__(self, num_seqs: int, num_q_heads: int, layout: Union[KvCacheLayout, KVCacheView, "PagedKVCache"],
