@@ -1,25 +1,24 @@
-// The serve-sim block allocator (apps/metrale/block_allocator.hpp): it must
-// never leak a page nor hand one out twice, whatever the order of allocations
-// and frees, and bookkeeping bugs (freeing an unknown or already-free page)
-// must fail with a typed metrale error. Also a short serve-sim run on the CPU
-// backend: finite outputs and every page back in the pool at the end.
+// The page allocator (metrale/block_allocator.hpp): it must never leak a
+// page nor hand one out twice, whatever the order of allocations, shares and
+// frees; a shared page goes back to the pool with its last holder; a holder
+// of a shared page gets a fresh one to write into (copy-on-write); and
+// bookkeeping bugs (freeing an unknown or already-free page) fail with a
+// typed metrale error. Also, where apps/ is built, a short serve-sim run on
+// the CPU backend: finite outputs and every page back in the pool at the end.
 #include <gtest/gtest.h>
 
-#if __has_include("block_allocator.hpp")  // apps/ is built (METRALE_BUILD_APPS)
 #include <algorithm>
+#include <map>
 #include <random>
 #include <set>
 #include <vector>
 
-#include "backend.hpp"
-#include "block_allocator.hpp"
-#include "metrale/cuda.hpp"
+#include "metrale/block_allocator.hpp"
 #include "metrale/error.hpp"
-#include "serve_sim.hpp"
 
 namespace {
 
-using metrale::cli::BlockAllocator;
+using metrale::BlockAllocator;
 
 // Invariants: free + used == total; the pages held outside are exactly the used ones.
 void expect_consistent(const BlockAllocator& a, const std::set<int32_t>& held) {
@@ -102,6 +101,92 @@ TEST(BlockAllocator, DoubleFreeAndUnknownPagesThrowTypedErrors) {
   EXPECT_FALSE(empty.allocate().has_value());
 }
 
+TEST(BlockAllocator, SharedPagesReturnWithTheirLastHolder) {
+  BlockAllocator a(3);
+  const int32_t b = *a.allocate();
+  a.share(b);
+  a.share(b);
+  EXPECT_EQ(a.ref_count(b), 3);
+  EXPECT_FALSE(a.free(b));
+  EXPECT_FALSE(a.free(b));
+  EXPECT_TRUE(a.is_used(b));
+  EXPECT_EQ(a.num_used(), 1);
+  EXPECT_TRUE(a.free(b));
+  EXPECT_EQ(a.ref_count(b), 0);
+  EXPECT_EQ(a.num_free(), 3);
+  EXPECT_THROW(a.share(b), metrale::InvalidArgument);  // a free page cannot be shared
+  EXPECT_EQ(a.ref_count(7), -1);
+}
+
+TEST(BlockAllocator, WritableCopiesASharedPageOnly) {
+  BlockAllocator a(2);
+  const int32_t b = *a.allocate();
+  EXPECT_EQ(a.writable(b), b);  // one holder: written in place
+  a.share(b);
+  const std::optional<int32_t> c = a.writable(b);  // two holders: the caller moves to a fresh page
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NE(*c, b);
+  EXPECT_EQ(a.ref_count(b), 1);
+  EXPECT_EQ(a.ref_count(*c), 1);
+  a.share(*c);
+  EXPECT_FALSE(a.writable(*c).has_value());  // no page free: the reference stays
+  EXPECT_EQ(a.ref_count(*c), 2);
+  EXPECT_THROW(a.writable(-3), metrale::InvalidArgument);
+}
+
+// Random allocations, shares, frees and copy-on-writes against a model of the
+// holders of each page.
+TEST(BlockAllocator, RandomizedSharingKeepsCounts) {
+  for (uint64_t seed : {11u, 12u, 13u}) {
+    std::mt19937_64 rng(seed);
+    const int32_t total = int32_t(1 + rng() % 64);
+    BlockAllocator a(total);
+    std::vector<int32_t> refs;  // one entry per reference held outside
+    for (int op = 0; op < 20000; ++op) {
+      const int kind = int(rng() % 4);
+      if (kind == 0) {
+        const std::optional<int32_t> b = a.allocate();
+        std::set<int32_t> distinct(refs.begin(), refs.end());
+        ASSERT_EQ(b.has_value(), int32_t(distinct.size()) < total) << "seed " << seed;
+        if (b) {
+          ASSERT_EQ(distinct.count(*b), 0u) << "page " << *b << " handed out while held";
+          refs.push_back(*b);
+        }
+      } else if (refs.empty()) {
+        continue;
+      } else {
+        const size_t i = size_t(rng() % refs.size());
+        const int32_t b = refs[i];
+        if (kind == 1) {
+          a.share(b);
+          refs.push_back(b);
+        } else if (kind == 2) {
+          const int32_t held = int32_t(std::count(refs.begin(), refs.end(), b));
+          ASSERT_EQ(a.free(b), held == 1);
+          refs[i] = refs.back();
+          refs.pop_back();
+        } else {
+          const std::optional<int32_t> w = a.writable(b);
+          if (w) refs[i] = *w;
+        }
+      }
+      std::map<int32_t, int32_t> count;
+      for (int32_t b : refs) ++count[b];
+      ASSERT_EQ(a.num_used(), int32_t(count.size()));
+      for (const auto& [b, n] : count) ASSERT_EQ(a.ref_count(b), n) << "page " << b << ", seed " << seed;
+    }
+  }
+}
+
+}  // namespace
+
+#if __has_include("serve_sim.hpp")  // apps/ is built (METRALE_BUILD_APPS)
+#include "backend.hpp"
+#include "metrale/cuda.hpp"
+#include "serve_sim.hpp"
+
+namespace {
+
 TEST(ServeSim, ShortRunIsFiniteAndReturnsEveryPage) {
   metrale::cli::ServeSimConfig c;
   c.shape.num_q_heads = 8;
@@ -175,5 +260,5 @@ TEST(ServeSim, RejectsABudgetWithoutAPage) {
 }  // namespace
 
 #else
-TEST(BlockAllocator, NeedsTheApps) { GTEST_SKIP() << "apps/ not built (METRALE_BUILD_APPS=OFF)"; }
+TEST(ServeSim, NeedsTheApps) { GTEST_SKIP() << "apps/ not built (METRALE_BUILD_APPS=OFF)"; }
 #endif

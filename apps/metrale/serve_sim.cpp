@@ -12,7 +12,7 @@
 #include <cmath>
 
 #include "backend.hpp"
-#include "block_allocator.hpp"
+#include "metrale/block_allocator.hpp"
 #include "metrale/cpu.hpp"
 #include "progress.hpp"
 

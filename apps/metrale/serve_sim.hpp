@@ -3,7 +3,7 @@
 // What an FP8 or NVFP4 cache buys a server is concurrency: in the same bytes
 // it holds 2x / 3.56x the tokens of BF16, so more sequences run per decode
 // step. The simulation makes that visible end to end with the real library
-// calls: a BlockAllocator hands out the pages of a budget-sized cache as
+// calls: metrale::BlockAllocator hands out the pages of a budget-sized cache as
 // sequences grow; every step appends one token per running sequence with
 // reshape_and_cache (slots from the allocator) and decodes the batch with
 // plan_attention + run_attention; finished sequences free their pages; a request

@@ -15,17 +15,20 @@ Conventions
   ``torch.cuda.Stream`` or a CuPy stream); else, for torch tensors, on
   ``torch.cuda.current_stream()``; for CuPy arrays on CuPy's current stream;
   otherwise on the legacy default stream. torch is never imported by the
-  decode path: the stream is looked up only when the arrays are torch
-  tensors. Nothing in the decode path synchronises or allocates (given an
-  ``out`` and, for split-K, a workspace), so a decode can be captured in a
-  ``torch.cuda.CUDAGraph``.
+  attention path: the stream is looked up only when the arrays are torch
+  tensors. ``Planner.run`` neither synchronises nor allocates (given an
+  ``out``; the planner owns the split-K workspace), so a step can be
+  captured in a ``torch.cuda.CUDAGraph``; ``metrale.attention`` plans the
+  call's batch itself (host work) and may allocate.
 * **Errors**: bad arguments raise ``ValueError`` (wrong shape, strides,
   alignment, device, GQA ratio, workspace size, unsupported head_dim /
-  block_size) or ``TypeError`` (wrong dtype, not an array), naming the
-  argument and what was expected; CUDA runtime failures raise ``CudaError``.
+  block_size, a forced plan the target cannot run or whose workspace passes
+  the bound) or ``TypeError`` (wrong dtype, not an array), naming the
+  argument and what was expected, before anything is allocated or launched;
+  CUDA runtime failures raise ``CudaError``.
 
-Submodules imported on demand (they need torch): ``metrale.torch_ops`` (the
-operations as ``torch.ops.metrale.*`` for torch.compile and CUDA graphs) and
+Submodules imported on demand (they need torch): ``metrale.torch_ops`` (the cache
+write and attention as ``torch.ops.metrale.*`` for torch.compile and CUDA graphs) and
 ``metrale.transformers`` (a paged cache and ``attn_implementation="metrale"``
 for Hugging Face transformers 5.x; docs/engines.md).
 
@@ -37,7 +40,8 @@ Quick tour::
     cache.calibrate(key, value)                  # per-tensor FP8 scales
     cache.write(0, key, value, slot_mapping)     # reshape_and_cache
     out = metrale.attention(q, cache.layer(0), block_tables, seq_lens)   # decode
-    out = metrale.attention(q, cache.layer(0), block_tables, seq_lens, q_start=q_start)  # query runs
+    out, lse = metrale.attention(q, cache.layer(0), block_tables, seq_lens,
+                                 q_start=q_start, sinks=sinks, return_lse=True)  # query runs
     plan = metrale.Planner(num_seqs, 32, cache.layout, max_seq_len)  # once per batch shape
     out = plan.run(q, cache.layer(0), block_tables, seq_lens)
 """

@@ -48,6 +48,11 @@ def from_bf16(x: ArrayLike) -> np.ndarray:
     return (u.astype(np.uint32) << 16).view(np.float32)
 
 
+def format_name(fmt: Union[str, KvFormat]) -> str:
+    """The short name of a format: 'bf16', 'fp8' or 'nvfp4'."""
+    return {KvFormat.bf16: "bf16", KvFormat.fp8_e4m3: "fp8", KvFormat.nvfp4: "nvfp4"}[_format(fmt)]
+
+
 def _format(fmt: Union[str, KvFormat]) -> KvFormat:
     if isinstance(fmt, KvFormat):
         return fmt

@@ -76,7 +76,8 @@ def attention(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_len
     planner = Planner(num_seqs, hq, view.layout, max(int(max_seq_len), 0), sliding_window, device,
                       max_q_len=max(int(max_q_len), 1), num_q_rows=rows, query_runs=q_start is not None,
                       attn_options=options, num_splits=num_splits, merge=merge,
-                      max_workspace_bytes=max_workspace_bytes, allocate_workspace=workspace is None)
+                      max_workspace_bytes=max_workspace_bytes, allocate_workspace=workspace is None,
+                      runs_plan=False)
     return planner.run(q, view, block_tables, seq_lens, out, workspace, sm_scale, q_start=q_start, sinks=sinks,
                        softcap=softcap, lse=lse, return_lse=return_lse, stream=stream)
 

@@ -9,14 +9,14 @@ import numpy as np
 
 from . import _metrale
 from ._metrale import KvFormat
-from ._arrays import (ArrayLike, _device_of, _dl, _empty, _format, _is_cuda, _parse_device, _require_array,
+from ._arrays import (ArrayLike, _device_of, _dl, _empty, _format, format_name, _is_cuda, _parse_device, _require_array,
                       _stream_handle, make_layout)
-from .ops import fp8_scale_from_absmax, nvfp4_global_scale_from_absmax, reshape_and_cache
+from .ops import reshape_and_cache
 from .view import SCALE_NAMES, KVCacheView, tensor_scale_names
 
 
 class Calibrator:
-    """Running absmax of K and of V over calibration batches (SYSTEM.md 1).
+    """Running absmax of K and of V over calibration batches (docs/spec.md 1).
 
     ``observe(key, value)`` folds max|x| of a batch of bf16 rows into the
     running values with ``bf16_absmax``; on CUDA the running values stay on
@@ -53,16 +53,6 @@ class Calibrator:
             d = self._dev.cpu().tolist() if hasattr(self._dev, "cpu") else list(self._dev)
             k, v = max(k, float(d[0])), max(v, float(d[1]))
         return (k, v)
-
-    def fp8_scales(self) -> Tuple[float, float]:
-        """(k_scale, v_scale) = absmax / 448 (1.0 when nothing was observed)."""
-        k, v = self.absmax
-        return (fp8_scale_from_absmax(k), fp8_scale_from_absmax(v))
-
-    def nvfp4_global_scales(self) -> Tuple[float, float]:
-        """(k_global_scale, v_global_scale) = absmax / (448 * 6) (1.0 when nothing was observed)."""
-        k, v = self.absmax
-        return (nvfp4_global_scale_from_absmax(k), nvfp4_global_scale_from_absmax(v))
 
     def scales(self, format: Union[str, KvFormat]) -> dict:
         """The scales of a cache of `format` from the absmax seen so far (the C++
@@ -303,9 +293,5 @@ class PagedKVCache:
             c[...] = 0
 
     def __repr__(self) -> str:
-        return (f"PagedKVCache(format={_metrale_format_name(self.format)!r}, layers={self.num_layers}, "
+        return (f"PagedKVCache(format={format_name(self.format)!r}, layers={self.num_layers}, "
                 f"device={self.device!r}, {self.layout!r})")
-
-
-def _metrale_format_name(f: KvFormat) -> str:
-    return {KvFormat.bf16: "bf16", KvFormat.fp8_e4m3: "fp8", KvFormat.nvfp4: "nvfp4"}[f]

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from .cache import PagedKVCache
 
 MERGES = ("automatic", "single_pass", "cluster", "workspace", "states_only")
+# The split-K workspace bound of a plan made with max_workspace_bytes=0.
+DEFAULT_MAX_WORKSPACE_BYTES: int = int(_metrale.default_max_workspace_bytes())
 
 
 def _cache_device(cache: Any) -> str:
@@ -127,7 +129,7 @@ class Planner:
 
     ``Planner(num_seqs, num_q_heads, layout, max_seq_len, sliding_window=0, device=None, *,
     max_q_len=1, num_q_rows=0, query_runs=False, attn_options=False, num_splits=0,
-    merge="automatic", max_workspace_bytes=0)``
+    merge="automatic", max_workspace_bytes=0, allocate_workspace=True, runs_plan=True)``
 
     What the plan is made for (upper bounds): ``num_seqs`` sequences of at most
     ``max_seq_len`` positions, query runs of at most ``max_q_len`` rows (1: decode)
@@ -142,22 +144,27 @@ class Planner:
     split-K states to the workspace and stops, for :func:`reduce_states`),
     ``max_workspace_bytes`` (0: the default bound, 4 GiB): a forced split count
     whose workspace passes it raises ValueError naming the bytes, before anything
-    is allocated.
+    is allocated; the planner's own split count stays within it.
 
     ``self.plan`` is the :class:`AttnPlan` (``kernel``: "decode", "query_runs" or
-    "prefill"; ``num_splits``; ``merge``; ``workspace_bytes``). The planner owns
-    the split-K workspace the plan needs on `device` (allocated once here, never
-    in ``run``). ``run`` enqueues what the plan says without synchronising or
-    allocating when ``out`` is given, so it can be captured in a CUDA graph. Any
-    batch that fits the plan runs on it (at most num_seqs sequences, num_q_rows
-    rows, runs of at most max_q_len rows, any lengths): the plan is a
-    performance choice, not a correctness one.
+    "prefill"; ``num_splits``; ``merge``; ``workspace_bytes``). Where it is a decode
+    plan, ``self.runs_plan`` is the plan of the same problem as query runs with
+    sinks, soft-cap and lse (``runs_plan=False`` leaves it out, None), which
+    ``run`` takes for a ``q_start`` (runs of at most one row: an engine's mixed
+    step) or those options. The planner owns the split-K workspace its plans need
+    on `device` (allocated once here, never in ``run``; ``allocate_workspace=False``
+    leaves that to the caller). ``run`` enqueues what the plan says without
+    synchronising or allocating when ``out`` is given, so it can be captured in a
+    CUDA graph. Any batch that fits the plan runs on it (at most num_seqs
+    sequences, num_q_rows rows, runs of at most max_q_len rows, any lengths): the
+    plan is a performance choice, not a correctness one.
     """
 
     def __init__(self, num_seqs: int, num_q_heads: int, layout: Union[KvCacheLayout, KVCacheView, "PagedKVCache"],
                  max_seq_len: int, sliding_window: int = 0, device: Any = None, *, max_q_len: int = 1,
                  num_q_rows: int = 0, query_runs: bool = False, attn_options: bool = False, num_splits: int = 0,
-                 merge: str = "automatic", max_workspace_bytes: int = 0, allocate_workspace: bool = True):
+                 merge: str = "automatic", max_workspace_bytes: int = 0, allocate_workspace: bool = True,
+                 runs_plan: bool = True):
         if device is None:  # the cache's device (a bare layout: the CPU)
             device = _cache_device(layout)
         layout = _layout_of(layout)
@@ -180,13 +187,21 @@ class Planner:
             raise TypeError(f"'merge': expected a str (one of {', '.join(MERGES)}), got {type(merge).__name__}")
         device_index = -1 if self._device[0] == "cpu" else int(self._device[1])
         # The plan first: a refused forced choice raises before anything is allocated.
-        self.plan: AttnPlan = _metrale.plan_attention(self.num_seqs, self.num_q_heads, layout, self.max_seq_len,
-                                                      self.sliding_window, device_index, int(max_q_len),
-                                                      int(num_q_rows), bool(attn_options), bool(query_runs),
-                                                      int(num_splits), merge, int(max_workspace_bytes))
+        def plan(options: bool, runs: bool) -> AttnPlan:
+            return _metrale.plan_attention(self.num_seqs, self.num_q_heads, layout, self.max_seq_len,
+                                           self.sliding_window, device_index, int(max_q_len), int(num_q_rows),
+                                           options, runs, int(num_splits), merge, int(max_workspace_bytes))
+
+        self.plan: AttnPlan = plan(bool(attn_options), bool(query_runs))
+        self.runs_plan: Optional[AttnPlan] = None
+        if runs_plan and self.plan.kernel == "decode":
+            try:
+                self.runs_plan = plan(True, True)
+            except ValueError:  # a forced choice the runs kernel cannot take: decode calls only
+                self.runs_plan = None
         self.workspace = None
-        if allocate_workspace and self.plan.workspace_bytes > 0:
-            self.workspace = _empty(((self.plan.workspace_bytes + 3) // 4,), "float32", self._device)
+        if allocate_workspace and self.workspace_bytes > 0:
+            self.workspace = _empty(((self.workspace_bytes + 3) // 4,), "float32", self._device)
 
     @property
     def num_splits(self) -> int:
@@ -194,7 +209,9 @@ class Planner:
 
     @property
     def workspace_bytes(self) -> int:
-        return int(self.plan.workspace_bytes)
+        """Bytes of the split-K workspace this planner's plans need (the larger of the two)."""
+        runs = 0 if self.runs_plan is None else int(self.runs_plan.workspace_bytes)
+        return max(int(self.plan.workspace_bytes), runs)
 
     @property
     def device(self) -> str:
@@ -230,12 +247,13 @@ class Planner:
         D = int(lay.head_dim)
         rows, hq = _q_shape(q, D, self.num_q_heads)
         plan = self.plan
-        if plan.kernel == "decode" and q_start is not None:
-            raise ValueError("'q_start': this Planner made a decode plan (max_q_len=1, query_runs=False); make it "
-                             "with max_q_len >= the longest run or query_runs=True to run query runs")
-        if plan.kernel == "decode" and (sinks is not None or softcap or lse is not None or return_lse):
-            raise ValueError("'sinks' / 'softcap' / 'lse': this Planner made a decode plan; make it with "
-                             "attn_options=True to ask for sinks, soft-cap or lse")
+        if plan.kernel == "decode" and (q_start is not None or sinks is not None or softcap or lse is not None
+                                        or return_lse):
+            if self.runs_plan is None:
+                raise ValueError("'q_start' / 'sinks' / 'softcap' / 'lse': this Planner made a decode plan only "
+                                 "(runs_plan=False, or its forced options do not fit the runs kernel); make it "
+                                 "with query_runs=True or attn_options=True")
+            plan = self.runs_plan
         if q_start is None and rows > self.num_seqs:
             raise ValueError(f"'q': {rows} rows (one per sequence); expected at most num_seqs = {self.num_seqs} "
                              "(the planner's)")
@@ -244,9 +262,9 @@ class Planner:
         states_only = plan.merge == "states_only"
         if workspace is None:
             workspace = self.workspace
-        if self.workspace_bytes > 0 and workspace is None:
-            raise ValueError(f"'workspace': required (num_splits = {self.num_splits} merged through it, "
-                             f">= {self.workspace_bytes} bytes float32)")
+        if plan.workspace_bytes > 0 and workspace is None:
+            raise ValueError(f"'workspace': required (num_splits = {plan.num_splits} merged through it, "
+                             f">= {plan.workspace_bytes} bytes float32)")
         if workspace is not None:
             _require_writable(workspace, "workspace")
         if q_start is not None:

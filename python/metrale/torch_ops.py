@@ -126,8 +126,8 @@ def _write(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_k
            data_section_bytes, saturated) -> None:
     lay = _layout(format, k_cache, block_size, num_kv_heads, _kv_heads_dim(key, num_kv_heads), data_section_bytes)
     _metrale.reshape_and_cache(_dl(key), _dl(value), _dl(slot_mapping), lay, _dl(k_cache), _dl(v_cache),
-                               scales_of(lay.format, k_scale, v_scale), None, None if saturated is None else _dl(saturated),
-                               _stream(key))
+                               scales_of(lay.format, k_scale, v_scale), None,
+                               None if saturated is None else _dl(saturated), _stream(key))
 
 
 # Two operators, not one with `saturated: Optional[Tensor] = None`: torch 2.11's
@@ -199,23 +199,24 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blo
     (out, lse), lse empty unless ``return_lse``."""
     rows, hq, d = _check_q(q)
     lay = _layout(format, k_cache, block_size, num_kv_heads, d, data_section_bytes)
-    out = torch.empty((rows, hq, d), dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty((rows, hq) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if block_tables.dim() != 2:
         raise ValueError(f"'block_tables': shape {tuple(block_tables.shape)}; expected (num_seqs, "
                          "max_blocks_per_seq)")
     capacity = int(block_tables.shape[1]) * int(block_size)
     num_seqs = int(block_tables.shape[0]) if q_start is not None else rows
-    if num_seqs == 0:
-        return out, lse
     if q_start is not None and max_q_len < 1:
         max_q_len = int((q_start[1:] - q_start[:-1]).max()) if not q_start.is_cuda and q_start.numel() > 1 \
             else capacity
     if max_seq_len < 1:
         max_seq_len = int(seq_lens.max()) if not seq_lens.is_cuda and seq_lens.numel() else capacity
     options = sinks is not None or softcap > 0 or return_lse
-    plan = _plan(q, lay, num_seqs, hq, int(max_seq_len), int(sliding_window), max(int(max_q_len), 1), rows,
-                 q_start is not None, options)
+    # The plan before any allocation: a refused one raises with nothing allocated.
+    plan = None if num_seqs == 0 else _plan(q, lay, num_seqs, hq, int(max_seq_len), int(sliding_window),
+                                            max(int(max_q_len), 1), rows, q_start is not None, options)
+    out = torch.empty((rows, hq, d), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((rows, hq) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if plan is None:
+        return out, lse
     n = int(plan.workspace_bytes)
     ws = None if n == 0 else torch.empty(((n + 3) // 4,), dtype=torch.float32, device=q.device)
     sm = float(sm_scale) if sm_scale is not None else 1.0 / (d ** 0.5)

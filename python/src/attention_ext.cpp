@@ -92,7 +92,9 @@ void attention(const AttnPlan& plan, const In& q, const KvCacheLayout& layout, c
   const Rows qr = bf16_rows(q, "q", num_q_heads, D);
   int64_t num_seqs = qr.num_rows;  // decode: one row per sequence
   if (q_start) {
-    num_seqs = block_tables.ndim() == 2 ? int64_t(block_tables.shape(0)) : -1;
+    if (block_tables.ndim() != 2)
+      value_error("'block_tables': expected shape (num_seqs, max_blocks_per_seq), got shape ", shape_str(block_tables));
+    num_seqs = int64_t(block_tables.shape(0));
     check_dtype(*q_start, "q_start", nb::dlpack::dtype_code::Int, 32, "int32");
     if (q_start->ndim() != 1 || int64_t(q_start->shape(0)) != num_seqs + 1 || !c_contiguous(*q_start))
       value_error("'q_start': expected a contiguous int32 array of shape (num_seqs + 1 = ", num_seqs + 1,
@@ -198,7 +200,8 @@ void bind_attention(nb::module_& m) {
       .def_ro("num_splits", &AttnPlan::num_splits)
       .def_prop_ro("merge", [](const AttnPlan& p) { return std::string(to_string(p.merge)); })
       .def_ro("workspace_bytes", &AttnPlan::workspace_bytes)
-      .def_prop_ro("grid", [](const AttnPlan& p) { return std::make_tuple(p.grid_x(p.problem.num_seqs), p.num_splits); })
+      .def_prop_ro("grid",
+                   [](const AttnPlan& p) { return std::make_tuple(p.grid_x(p.problem.num_seqs), p.num_splits); })
       .def_prop_ro("num_seqs", [](const AttnPlan& p) { return p.problem.num_seqs; })
       .def_prop_ro("num_q_heads", [](const AttnPlan& p) { return p.problem.num_q_heads; })
       .def_prop_ro("layout", [](const AttnPlan& p) { return p.problem.layout; })

@@ -37,7 +37,9 @@ struct Where {
   bool operator!=(const Where& o) const { return !(*this == o); }
 };
 
-inline std::string where_str(const Where& w) { return w.dev == Dev::cpu ? std::string("cpu") : "cuda:" + std::to_string(w.id); }
+inline std::string where_str(const Where& w) {
+  return w.dev == Dev::cpu ? std::string("cpu") : "cuda:" + std::to_string(w.id);
+}
 
 // Messages are built without iostreams (see metrale/error.hpp).
 using metrale::detail::concat;

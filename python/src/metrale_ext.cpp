@@ -6,18 +6,23 @@
 // arrays, on the stream handle passed in, never synchronising). The typed,
 // documented API lives in python/metrale/__init__.py.
 //
+// This file: the module, its error translation, the layout and scale
+// bindings, the cache write, absmax and __cuda_array_interface__ import.
+// attention_ext.cpp: the plan, attention, reduce_states, the block-table
+// check. block_allocator_ext.cpp: the page allocator. ext_common.hpp: the
+// array checks they share.
+//
 // Errors: metrale::InvalidArgument (and Unsupported) -> ValueError,
 // metrale::CudaError -> metrale.CudaError (a RuntimeError); argument checks
 // done here raise ValueError / TypeError naming the argument.
-
 
 #include "ext_common.hpp"
 
 namespace metrale_ext {
 void bind_attention(nb::module_& m);       // attention_ext.cpp
+void bind_block_allocator(nb::module_& m); // block_allocator_ext.cpp
 
 namespace {
-// ---- operations ----
 
 int64_t reshape_and_cache(const In& key, const In& value, const In& slot_mapping, const KvCacheLayout& layout,
                           const Out& k_cache, const Out& v_cache, const ScalesTuple& scales,
@@ -287,6 +292,7 @@ NB_MODULE(_metrale, m) {
   m.def("max_splits", []() { return kMaxSplits; });
 
   bind_attention(m);
+  bind_block_allocator(m);
 
   m.def("cpu_num_threads", &cpu::num_threads);
   m.def("cpu_set_num_threads", &cpu::set_num_threads, nb::arg("n"));

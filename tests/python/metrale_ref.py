@@ -1,6 +1,6 @@
 """Independent NumPy float64 references for the Python tests: bf16 / E4M3 /
 E2M1 decoding, the FP8 quantiser, cache dequantisation from raw page bytes
-(SYSTEM.md 2-3) and paged decode attention. Written from the spec, not from
+(docs/spec.md 2-3) and paged decode attention. Written from the spec, not from
 the library's code."""
 
 import math

@@ -3,7 +3,9 @@
 #   tests/python/run_pytest.sh SOURCE_DIR BUILD_DIR [LIBMETRALE]
 # 1. a venv at BUILD_DIR/pyenv (created once) with the build tools and test
 #    dependencies from PyPI: scikit-build-core, nanobind, numpy, pytest, and
-#    torch + transformers 5.x for the torch-op and transformers tests (the
+#    torch + transformers at the versions pinned in requirements-torch.txt
+#    (beside this script) for the torch-op and transformers tests, reinstalled
+#    when the venv holds other versions (the
 #    PyPI torch wheel with its nvidia-* dependencies: about 100 s and 5.6 GB
 #    the first time; `--no-deps` on torch alone was tried and does not
 #    import: libtorch needs libcufile, libcusparseLt and libnvshmem from those
@@ -72,9 +74,9 @@ install_torch() {
         "transformers take about $torch_peak_gb GB to install"
     return 0
   fi
-  log "installing torch and transformers 5.x (first run only; $gb GB free)"
+  log "installing $(grep -v '^#' "$torch_reqs" | tr '\n' ' ')($gb GB free)"
   mkdir -p "$tmp"
-  TMPDIR=$tmp "${pip[@]}" install --dry-run --report "$report" torch "transformers>=5,<6"
+  TMPDIR=$tmp "${pip[@]}" install --dry-run --report "$report" -r "$torch_reqs"
   local -a pins
   mapfile -t pins < <("$venv/bin/python" -c '
 import json, sys
@@ -94,7 +96,22 @@ for item in json.load(open(sys.argv[1]))["install"]:
   done
   rm -rf "$tmp" "$report"
 }
-if [ "${METRALE_PYTEST_TORCH:-1}" != 0 ] && ! "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1; then
+torch_reqs=$src/tests/python/requirements-torch.txt
+# Whether the venv imports torch and transformers at the pinned versions.
+torch_pinned() {
+  "$venv/bin/python" - "$torch_reqs" >/dev/null 2>&1 <<'PY'
+import sys
+from importlib.metadata import version
+import torch, transformers  # noqa: F401 (a half-installed torch fails here)
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, want = line.split("==")
+        if version(name) != want:
+            sys.exit(1)
+PY
+}
+if [ "${METRALE_PYTEST_TORCH:-1}" != 0 ] && ! torch_pinned; then
   install_torch
 fi
 log "venv ready in $((SECONDS - start)) s"

@@ -113,7 +113,7 @@ def test_planner_runs_every_layer(rng, fmt):
     b = Batch(rng, fmt, num_seqs=4, max_len=300, num_layers=2, Hq=8, Hkv=2)
     plan = metrale.Planner(len(b.seq_lens), 8, b.cache.layout, int(b.seq_lens.max()), 0, "cpu")
     assert plan.num_splits >= 1 and plan.workspace_bytes >= 0
-    assert (plan.workspace is None) == (plan.num_splits == 1)
+    assert (plan.workspace is None) == (plan.workspace_bytes == 0)
     for layer in range(2):
         out = poisoned_out(len(b.seq_lens), 8, 64)
         plan.run(b.q, b.cache.layer(layer), b.block_tables, b.seq_lens, out)
@@ -126,7 +126,8 @@ def test_planner_splits_a_long_small_batch_and_runs_it(rng):
         b = Batch(rng, "fp8", num_seqs=1, lens=[2000], max_len=2000, Hq=4, Hkv=4, D=64, B=16)
         plan = metrale.Planner(1, 4, b.cache, 2000, device="cpu")
         assert plan.num_splits > 1, plan
-        assert plan.workspace_bytes == metrale.splitk_workspace_bytes(1, 4, 64, plan.num_splits)
+        assert plan.plan.workspace_bytes == metrale.splitk_workspace_bytes(1, 4, 64, plan.num_splits)
+        assert plan.workspace_bytes >= plan.plan.workspace_bytes
         out = plan.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, sm_scale=0.1)
         check_out(out, b.reference(sm_scale=0.1))
     finally:
@@ -154,7 +155,7 @@ def test_splitk_equals_single_pass(rng, fmt, num_splits, window):
 
 
 def test_reduce_merges_states_from_anywhere(rng):
-    """Partial states written by NumPy (SYSTEM.md 4), including an empty split."""
+    """Partial states written by NumPy (docs/spec.md 4), including an empty split."""
     S, Hq, D, P = 3, 4, 64, 3
     o = rng.standard_normal((S, Hq, P, D)).astype(np.float32)
     m = rng.standard_normal((S, Hq, P)).astype(np.float32) * 4
@@ -452,9 +453,12 @@ def test_user_buffers_and_calibrator(rng):
     cal = metrale.Calibrator()
     cal.observe(k[:25], v[:25])
     cal.observe(k[25:], v[25:])
-    ks, vs = cal.fp8_scales()
+    scales = cal.scales("fp8")
+    ks, vs = scales["k_scale"], scales["v_scale"]
     assert ks == np.float32(np.abs(ref.bf16_value(k)).max()) / np.float32(448)
-    view = metrale.KVCacheView(lay, kbuf, vbuf, k_scale=ks, v_scale=vs)
+    assert cal.scales("nvfp4")["k_global_scale"] == np.float32(np.abs(ref.bf16_value(k)).max()) / np.float32(448 * 6)
+    assert cal.scales("bf16") == {}
+    view = metrale.KVCacheView(lay, kbuf, vbuf, **scales)
     block_tables = np.array([[5, 0, 3, 1]], dtype=np.int32)
     pos = np.arange(50)
     slots = block_tables[0, pos // 16].astype(np.int64) * 16 + pos % 16
@@ -509,13 +513,23 @@ def test_planner_binds_the_plan_and_its_options(rng):
     assert isinstance(plan.plan, metrale.AttnPlan)
     assert (plan.plan.kernel, plan.num_splits, plan.plan.merge) == ("decode", 3, "workspace")
     assert plan.plan.grid[1] == 3 and plan.plan.num_q_rows == 3
-    assert plan.workspace_bytes == metrale.splitk_workspace_bytes(3, 8, 64, 3)
+    assert plan.plan.workspace_bytes == metrale.splitk_workspace_bytes(3, 8, 64, 3)
     assert "AttnPlan(kernel=decode, num_splits=3, merge=workspace" in repr(plan)
     out = poisoned_out(3, 8, 64)
     plan.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens, out)
     check_out(out, b.reference())
     single = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", merge="single_pass")
     assert (single.num_splits, single.plan.merge, single.workspace) == (1, "single_pass", None)
+    runs = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", query_runs=True)
+    assert runs.plan.kernel == "query_runs" and runs.plan.num_q_rows == 3
+    states = metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=2, merge="states_only")
+    ws = states.run(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
+    assert ws is states.workspace and states.plan.merge == "states_only"
+    out = poisoned_out(3, 8, 64)
+    metrale.reduce_states(ws, out, 2)
+    check_out(out, b.reference())
+    with pytest.raises(ValueError, match="cluster"):  # the CPU target has no clusters
+        metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", num_splits=2, merge="cluster")
     with pytest.raises(ValueError, match="merge"):
         metrale.Planner(3, 8, b.cache.layout, 1300, device="cpu", merge="sideways")
     with pytest.raises(ValueError, match="num_splits"):
@@ -561,15 +575,18 @@ def test_query_rows_are_decodes_of_their_prefixes(rng, fmt):
                                sliding_window=20)
     dec = metrale.attention(q[[0, 0, 1]], b.cache.layer(0), b.block_tables, b.seq_lens, sliding_window=20)
     assert np.array_equal(single[0], dec[0]) and np.array_equal(single[1], dec[2])
-    with pytest.raises(ValueError, match="max_q_len"):
-        metrale.Planner(3, 8, b.cache.layout, 90, device="cpu").run(q[:2], b.cache.layer(0), b.block_tables,
-                                                                   b.seq_lens, q_start=ones)
+    dec_plan = metrale.Planner(3, 8, b.cache.layout, 90, sliding_window=20, device="cpu")
+    assert dec_plan.plan.kernel == "decode" and dec_plan.runs_plan.kernel == "query_runs"
+    assert np.array_equal(dec_plan.run(q[:2], b.cache.layer(0), b.block_tables, b.seq_lens, q_start=ones), single)
+    only = metrale.Planner(3, 8, b.cache.layout, 90, device="cpu", runs_plan=False)
+    with pytest.raises(ValueError, match="runs_plan"):
+        only.run(q[:2], b.cache.layer(0), b.block_tables, b.seq_lens, q_start=ones)
     with pytest.raises(ValueError, match="softcap"):
         metrale.attention(q, b.cache.layer(0), b.block_tables, b.seq_lens, q_start=q_start, softcap=-1.0)
 
 
 def test_client_api_fixes(rng):
-    """Issue 19's rough edges: transformers' 4-D shapes, the layer's window per run,
+    """transformers' 4-D shapes, the layer's window per run,
     scales fixed once tokens are written, calibration errors naming the argument,
     the planner's device taken from the cache."""
     b = Batch(rng, "fp8", num_seqs=3, lens=[50, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
@@ -599,7 +616,7 @@ def test_client_api_fixes(rng):
 
 
 def test_out_has_the_callers_array_type(rng):
-    """A torch CPU q gets a torch bf16 out (issue 19, point 3)."""
+    """A torch CPU q gets a torch bf16 out."""
     torch = pytest.importorskip("torch")
     b = Batch(rng, "bf16", num_seqs=2, lens=[30, 10], max_len=30, Hq=8, Hkv=2, D=64, B=16)
     q = torch.from_numpy(b.q.view(np.int16)).view(torch.bfloat16)
@@ -610,7 +627,7 @@ def test_out_has_the_callers_array_type(rng):
 
 
 def test_int64_host_tables_are_accepted(rng):
-    """NumPy's (and torch's) default int64 block tables and lengths work on the host (issue 19, point 2)."""
+    """NumPy's (and torch's) default int64 block tables and lengths work on the host."""
     b = Batch(rng, "nvfp4", num_seqs=3, lens=[50, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
     want = metrale.attention(b.q, b.cache.layer(0), b.block_tables, b.seq_lens)
     got = metrale.attention(b.q, b.cache.layer(0), b.block_tables.astype(np.int64), b.seq_lens.astype(np.int64))
@@ -619,7 +636,90 @@ def test_int64_host_tables_are_accepted(rng):
         metrale.attention(b.q, b.cache.layer(0), np.full_like(b.block_tables, 2**40, dtype=np.int64), b.seq_lens)
 
 
-# ------------------------------------- head-strided inputs (issue 19, point 1)
+# ------------------------------------------------ q as a head-major view
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_head_major_q_equals_packed_q(rng, fmt):
+    """transformers' batch-1 query (1, heads, tokens, D) read as (tokens, heads, D): heads
+    strided (tokens * D apart), rows D apart. Decode and query runs give the packed q's rows."""
+    b = Batch(rng, fmt, num_seqs=3, lens=[40, 9, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
+    view = b.cache.layer(0)
+    for q_start in (None, np.array([0, 4, 5, 11], dtype=np.int32)):
+        rows = 3 if q_start is None else 11
+        packed = ref.bf16_bits(rng.standard_normal((rows, 8, 64)))
+        hm = np.ascontiguousarray(packed.transpose(1, 0, 2)).transpose(1, 0, 2)  # (rows, heads, D) view
+        assert hm.strides == (64 * 2, rows * 64 * 2, 2)
+        want = metrale.attention(packed, view, b.block_tables, b.seq_lens, q_start=q_start, sliding_window=30)
+        got = metrale.attention(hm, view, b.block_tables, b.seq_lens, q_start=q_start, sliding_window=30)
+        assert np.array_equal(got, want)
+        four = hm.transpose(1, 0, 2)[None]  # the (1, heads, tokens, D) tensor itself
+        assert np.array_equal(metrale.attention(four, view, b.block_tables, b.seq_lens, q_start=q_start,
+                                                sliding_window=30), want)
+    overlap = np.lib.stride_tricks.as_strided(packed, (11, 8, 64), (64 * 2, 64 * 2, 2))  # heads on rows
+    with pytest.raises(ValueError, match="q_stride|q_head_stride"):
+        metrale.attention(overlap, view, b.block_tables, b.seq_lens, q_start=np.array([0, 4, 5, 11], np.int32))
+
+
+# ------------------------------------------ what a Planner runs and refuses
+
+
+def test_planner_rows_default_to_num_seqs_times_max_q_len(rng):
+    """Planner(num_seqs, ..., max_q_len=N) without num_q_rows plans num_seqs * N rows, and a
+    multi-token batch of that many rows runs on it."""
+    b = Batch(rng, "fp8", num_seqs=3, lens=[40, 20, 70], max_len=70, Hq=8, Hkv=2, D=64, B=16)
+    plan = metrale.Planner(3, 8, b.cache.layout, 70, device="cpu", max_q_len=8)
+    assert plan.plan.num_q_rows == 24 and plan.plan.kernel == "query_runs"
+    q_start = np.array([0, 8, 16, 24], dtype=np.int32)
+    q = ref.bf16_bits(rng.standard_normal((24, 8, 64)))
+    got = plan.run(q, b.cache.layer(0), b.block_tables, b.seq_lens, q_start=q_start)
+    want = metrale.attention(q, b.cache.layer(0), b.block_tables, b.seq_lens, q_start=q_start)
+    np.testing.assert_allclose(metrale.from_bf16(got), metrale.from_bf16(want), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="num_q_rows = 24"):
+        plan.run(ref.bf16_bits(rng.standard_normal((25, 8, 64))), b.cache.layer(0), b.block_tables, b.seq_lens,
+                 q_start=np.array([0, 8, 16, 25], dtype=np.int32))
+
+
+def test_planner_runs_any_batch_that_fits(rng):
+    """Runs of 0 or 1 rows (an engine's mixed step) and an empty batch run on a max_q_len=8
+    plan; a decode plan runs fewer sequences than it was made for."""
+    b = Batch(rng, "bf16", num_seqs=4, lens=[40, 20, 70, 5], max_len=70, Hq=8, Hkv=2, D=64, B=16)
+    view = b.cache.layer(0)
+    plan = metrale.Planner(4, 8, b.cache.layout, 70, device="cpu", max_q_len=8, attn_options=True)
+    q = ref.bf16_bits(rng.standard_normal((3, 8, 64)))
+    q_start = np.array([0, 1, 1, 2, 3], dtype=np.int32)  # runs 1, 0, 1, 1
+    got, lse = plan.run(q, view, b.block_tables, b.seq_lens, q_start=q_start, return_lse=True)
+    want = metrale.attention(q[[0, 0, 1, 2]], view, b.block_tables, b.seq_lens)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1:], want[2:]) and np.isfinite(lse).all()
+    empty = plan.run(np.zeros((0, 8, 64), np.uint16), view, b.block_tables[:0], b.seq_lens[:0],
+                     q_start=np.zeros(1, np.int32))
+    assert empty.shape == (0, 8, 64)
+    dec = metrale.Planner(4, 8, b.cache.layout, 70, device="cpu")
+    assert np.array_equal(dec.run(b.q[:2], view, b.block_tables[:2], b.seq_lens[:2]),
+                          metrale.attention(b.q[:2], view, b.block_tables[:2], b.seq_lens[:2]))
+    # a decode Planner (max_q_len=1) serves the same runs of at most one row, and lse, through its runs plan
+    got1, lse1 = dec.run(q, view, b.block_tables, b.seq_lens, q_start=q_start, return_lse=True)
+    assert np.array_equal(got1, got) and np.array_equal(lse1, lse)
+
+
+def test_forced_splits_past_the_workspace_bound_raise_before_allocating():
+    """Forcing num_splits on prefill-sized runs (130 sequences of up to 4000 rows, 64 splits:
+    hundreds of GiB of split-K states) raises ValueError naming the bytes; the planner's own
+    choice stays within the bound."""
+    layout = metrale.make_layout("fp8", 4096, 16, 8, 128)
+    with pytest.raises(ValueError, match=r"max_workspace_bytes|bytes"):
+        metrale.Planner(130, 32, layout, 4000, device="cpu", max_q_len=4000, num_splits=64)
+    with pytest.raises(ValueError, match=r"bytes"):
+        metrale.Planner(4, 8, metrale.make_layout("bf16", 64, 16, 2, 64), 1000, device="cpu", num_splits=4,
+                        max_workspace_bytes=1024)
+    own = metrale.Planner(130, 32, layout, 4000, device="cpu", max_q_len=4000, allocate_workspace=False)
+    assert own.workspace_bytes <= metrale.planner.DEFAULT_MAX_WORKSPACE_BYTES
+    small = metrale.Planner(2, 8, metrale.make_layout("bf16", 64, 16, 2, 64), 1000, device="cpu",
+                            max_workspace_bytes=1 << 20)
+    assert small.workspace_bytes <= 1 << 20
+
+
+# ------------------------------------- head-strided cache writes
 
 
 def _head_major(rng, B, H, S, D):
@@ -682,7 +782,7 @@ def test_write_rejects_bad_strided_inputs(rng):
         cache.write(0, buf[:, :, :64], v4[:, :, -1], slots)
 
 
-# --------------------------------------------- saturation counts (issue 19, point 7)
+# --------------------------------------------- saturation counts
 
 
 def _saturated_ref(fmt, x_bits, scale, gscale):

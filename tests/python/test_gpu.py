@@ -301,11 +301,8 @@ def test_gpu_prefill_kernel_long_runs(rng, fmt, window):
     out = poisoned(rows, Hq, D)
     long_plan.run(q, b.cache.layer(0), b.block_tables, b.seq_lens, out, q_start=q_start)
     # The CPU backend over a host copy of the cache: the same rows.
-    view = b.cache.layer(0)
-    host = metrale.KVCacheView(view.layout, view.k.cpu().numpy(), view.v.cpu().numpy(),
-                               **dict(zip(metrale.view.SCALE_NAMES, view.scales)))
-    other = metrale.attention(q_np, host, b.block_tables.cpu().numpy(), b.seq_lens.cpu().numpy(),
-                              q_start=q_start_np, sliding_window=window)
+    other = metrale.attention(q_np, b.cpu_cache.layer(0), b.bt_np, b.seq_lens_np, q_start=q_start_np,
+                              sliding_window=window)
     other = torch.from_numpy(metrale.from_bf16(other)).to(DEV)
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -332,3 +329,39 @@ def test_gpu_prefill_kernel_long_runs(rng, fmt, window):
             picked.append(row)
         expect = b.reference(q_np=sample_q, seq_lens=prefix, window=window)
         check(out[picked], expect)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("run", [1, 7, 300])
+def test_gpu_head_major_q_equals_packed_q(rng, fmt, run):
+    """transformers' batch-1 query (1, heads, tokens, D) read as (tokens, heads, D) rows with
+    strided heads: the decode, runs and prefill kernels give the packed q's rows, bit for bit."""
+    lens = [400] if run > 1 else [400, 90, 3]
+    b = GpuBatch(rng, fmt, lens=lens, Hq=32, Hkv=8, D=64)
+    rows = run if run > 1 else len(lens)
+    packed = bits_to_torch(ref.bf16_bits(rng.standard_normal((rows, 32, 64))))
+    hm = packed.transpose(0, 1).contiguous().transpose(0, 1)
+    assert hm.stride() == (64, rows * 64, 1)
+    q_start = None if run == 1 else torch.tensor([0, run], dtype=torch.int32, device=DEV)
+    kw = dict(q_start=q_start, max_q_len=run, sliding_window=128)
+    want = metrale.attention(packed, b.cache.layer(0), b.block_tables, b.seq_lens, **kw)
+    got = metrale.attention(hm, b.cache.layer(0), b.block_tables, b.seq_lens, **kw)
+    four = metrale.attention(hm.transpose(0, 1)[None], b.cache.layer(0), b.block_tables, b.seq_lens, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want) and torch.equal(four, want)
+    cpu = metrale.attention(torch_to_bits(packed), b.cpu_cache.layer(0), b.bt_np, b.seq_lens_np,
+                            q_start=None if q_start is None else q_start.cpu().numpy(), sliding_window=128)
+    check(want, torch.from_numpy(metrale.from_bf16(cpu)).to(DEV).double(), tol=2e-2)
+
+
+def test_gpu_forced_splits_past_the_workspace_bound_raise_before_allocating():
+    """Planner(..., num_splits=64) over 130 sequences of up to 4000 rows asked torch for hundreds
+    of GiB; the plan now refuses with ValueError naming the bytes, before any allocation."""
+    layout = metrale.make_layout("fp8", 4096, 16, 8, 128)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(ValueError, match=r"bytes"):
+        metrale.Planner(130, 32, layout, 4000, device=DEV, max_q_len=4000, num_splits=64)
+    assert torch.cuda.memory_allocated() == before
+    own = metrale.Planner(130, 32, layout, 4000, device=DEV, max_q_len=4000)
+    assert own.workspace_bytes <= metrale.planner.DEFAULT_MAX_WORKSPACE_BYTES, own.plan

@@ -76,9 +76,9 @@ def test_cache_pages_hold_only_real_tokens(model, prompts):
         model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
               **{hg.cache_kwarg(): cache})
     assert cache.get_seq_length() == ids.shape[1]          # transformers' columns, padding included
-    assert list(cache._lens) == PROMPTS                    # metrale's lengths: real tokens only
+    assert list(cache.seq_lens) == PROMPTS                    # metrale's lengths: real tokens only
     used = sum(-(-n // 16) for n in PROMPTS)
-    assert len(cache._free) == 40 - used                   # blocks for real tokens only
+    assert cache.allocator.num_free == 40 - used                   # blocks for real tokens only
     assert cache.is_sliding == [False, True]
     assert cache.windows == [0, 24]
     s = cache.kv.scales(0)                                 # calibrated from the prompt
@@ -93,7 +93,7 @@ def test_cache_pages_hold_only_real_tokens(model, prompts):
     k_clipped, v_clipped = cache.saturated(0)
     assert k_clipped > 0 and v_clipped == 0
     cache.reset()
-    assert cache.get_seq_length() == 0 and len(cache._free) == 40
+    assert cache.get_seq_length() == 0 and cache.allocator.num_free == 40
 
 
 def test_generate_accepts_the_issue_call(model, prompts):
@@ -104,7 +104,7 @@ def test_generate_accepts_the_issue_call(model, prompts):
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
                          **{hg.cache_kwarg(): cache})
     assert out.shape == (4, ids.shape[1] + 3)
-    assert list(cache._lens) == [n + 2 for n in PROMPTS]  # the last token is sampled, not fed back
+    assert list(cache.seq_lens) == [n + 2 for n in PROMPTS]  # the last token is sampled, not fed back
 
 
 def _forward(model, cache, ids, mask):
@@ -137,9 +137,9 @@ def test_crop_rolls_back_draft_tokens(model, prompts, fmt):
     rolled.crop(torch.tensor(-3) if fmt == "nvfp4" else -3)  # transformers 5.17 passes a 0-d tensor
     kept, _ = run(1)
     m = m[:, :-3]
-    assert list(rolled._lens) == list(kept._lens) == [n + 1 for n in PROMPTS]
+    assert list(rolled.seq_lens) == list(kept.seq_lens) == [n + 1 for n in PROMPTS]
     assert rolled.get_seq_length() == kept.get_seq_length() == ids.shape[1] + 1
-    assert sorted(rolled._free) == sorted(kept._free)  # the rejected tokens' pages are back
+    assert rolled.allocator.num_free == kept.allocator.num_free  # the rejected tokens' pages are back
     step = torch.cat([m, ones], dim=1)
     got, want = _forward(model, rolled, nxt, step), _forward(model, kept, nxt, step)
     err = float((got - want).abs().max())
@@ -151,7 +151,7 @@ def test_crop_rolls_back_draft_tokens(model, prompts, fmt):
     # The legacy positive form keeps that many columns; more than the shortest sequence cannot go.
     before = rolled.get_seq_length()
     rolled.crop(before - 1)
-    assert rolled.get_seq_length() == before - 1 and list(rolled._lens) == [n + 1 for n in PROMPTS]
+    assert rolled.get_seq_length() == before - 1 and list(rolled.seq_lens) == [n + 1 for n in PROMPTS]
     rolled.crop(before + 5)  # not shorter: nothing
     assert rolled.get_seq_length() == before - 1
     with pytest.raises(ValueError, match="shortest"):
@@ -173,7 +173,7 @@ def _prompt_lookup(model, fmt, device="cpu"):
                          prompt_lookup_num_tokens=3, **{hg.cache_kwarg(): cache})
     assert out.shape[1] == ids.shape[1] + 12
     assert any(t < 0 for t in removed), removed  # drafts were proposed and some rejected
-    assert int(cache._lens[0]) == out.shape[1] - 1 == cache.get_seq_length()
+    assert int(cache.seq_lens[0]) == out.shape[1] - 1 == cache.get_seq_length()
     plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0,
                            **{hg.cache_kwarg(): mt.PagedCache(model.config, fmt, max_batch_size=1,
                                                               max_cache_len=96)})
@@ -198,17 +198,18 @@ def test_num_return_sequences_expands_the_prompts(model, prompts):
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=True, num_return_sequences=2,
                          pad_token_id=0, **{hg.cache_kwarg(): cache})
     assert out.shape == (8, ids.shape[1] + 4)
-    assert list(cache._lens) == [n + 3 for n in PROMPTS for _ in range(2)]
+    assert list(cache.seq_lens) == [n + 3 for n in PROMPTS for _ in range(2)]
 
 
 def _refs_match_tables(cache):
     """Every block's reference count is the number of sequences whose length reaches it."""
     want = {}
-    for b in range(cache._batch):
-        for j in range(-(-int(cache._lens[b]) // cache.block_size)):
-            want[int(cache._table[b, j])] = want.get(int(cache._table[b, j]), 0) + 1
-    held = {int(i): int(r) for i, r in enumerate(cache._refs) if r}
-    return held == want and len(cache._free) == cache.num_blocks - len(want)
+    table, lens = cache.block_table, cache.seq_lens
+    for b in range(cache.batch_size):
+        for j in range(-(-int(lens[b]) // cache.block_size)):
+            want[int(table[b, j])] = want.get(int(table[b, j]), 0) + 1
+    held = {i: cache.allocator.ref_count(i) for i in range(cache.num_blocks) if cache.allocator.ref_count(i)}
+    return held == want and cache.allocator.num_free == cache.num_blocks - len(want)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
@@ -229,23 +230,21 @@ def test_reorder_cache_continues_the_chosen_histories(model, prompts, fmt):
     _forward(model, beams, t, torch.cat([mask, ones], 1))
     beams.reorder_cache(idx)
     assert _refs_match_tables(beams)
-    assert int(beams._refs[beams._table[0, 0]]) == 2  # sequences 0 and 1 share the first block of prompt 1
+    assert beams.allocator.ref_count(int(beams.block_table[0, 0])) == 2  # sequences 0 and 1 share the first block of prompt 1
     step = torch.cat([mask[idx], ones, ones], 1)
     got = _forward(model, beams, u, step)
 
     fresh = mt.PagedCache(model.config, fmt, max_batch_size=4, max_cache_len=64, num_blocks=40)
-    fresh._allocate(torch.device("cpu"))  # with the first batch's scales (calibrated from all four prompts)
-    for layer in range(len(fresh.windows)):
-        fresh.kv.set_scales(layer, **beams.kv.scales(layer))
-    fresh._calibrated = [True] * len(fresh.windows)
+    for layer in range(len(fresh.windows)):  # with the first batch's scales (calibrated from all four prompts)
+        fresh.set_scales(layer, **beams.kv.scales(layer))
     _forward(model, fresh, ids[idx], mask[idx])
     _forward(model, fresh, t[idx], torch.cat([mask[idx], ones], 1))
     want = _forward(model, fresh, u, step)
     err = float((got - want).abs().max())
     assert err <= 2e-2 * float(want.abs().max()), err
-    assert list(beams._lens) == list(fresh._lens)
+    assert list(beams.seq_lens) == list(fresh.seq_lens)
     beams.crop(-2)
-    assert _refs_match_tables(beams) and list(beams._lens) == [PROMPTS[i] for i in idx.tolist()]
+    assert _refs_match_tables(beams) and list(beams.seq_lens) == [PROMPTS[i] for i in idx.tolist()]
     with pytest.raises(ValueError, match="beam_idx"):
         beams.reorder_cache(torch.tensor([0, 1, 4, 0]))
 
@@ -266,13 +265,13 @@ def test_repeat_and_select_remap_the_batch(model, prompts):
     _forward(model, ref, t, torch.cat([mask, ones], 1))
     want = _forward(model, ref, u, torch.cat([mask, ones, ones], 1))
     cache.batch_repeat_interleave(2)
-    assert cache._batch == 8 and _refs_match_tables(cache)
+    assert cache.batch_size == 8 and _refs_match_tables(cache)
     m8 = torch.cat([mask, ones, ones], 1).repeat_interleave(2, 0)
     got = _forward(model, cache, u.repeat_interleave(2, 0), m8)
     assert float((got - want.repeat_interleave(2, 0)).abs().max()) <= 2e-2 * float(want.abs().max())
     cache.batch_select_indices(torch.tensor([6, 1]))  # copies of sequences 3 and 0
-    assert cache._batch == 2 and _refs_match_tables(cache)
-    assert list(cache._lens) == [PROMPTS[3] + 2, PROMPTS[0] + 2]
+    assert cache.batch_size == 2 and _refs_match_tables(cache)
+    assert list(cache.seq_lens) == [PROMPTS[3] + 2, PROMPTS[0] + 2]
     keep = torch.tensor([3, 0])
     ref.batch_select_indices(keep)
     m2 = torch.cat([mask[keep], ones[:2], ones[:2], ones[:2]], 1)
@@ -328,6 +327,27 @@ def test_model_families_match_eager(prompts, family):
     assert float((got - ref).abs().max()) <= 0.03, float((got - ref).abs().max())
     q = hg.teacher_forced(m, ids, mask, cont, "metrale", "nvfp4")[0]
     assert torch.isfinite(q).all() and float((q - ref).abs().max()) <= 0.3 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and metrale.cuda_available()), reason="no CUDA device usable by metrale (sm_90)"))])
+def test_gpt_oss_at_batch_one(device):
+    """A GPT-OSS-shaped model (sinks, head_dim 64, sliding layers) at batch 1: transformers hands
+    q as (1, heads, tokens, head_dim), read as (tokens, heads, head_dim) rows whose heads are
+    strided; the prompt teacher-forced against eager, then assisted generation (the drafts as
+    query runs of the same view)."""
+    import transformers as tf
+    if not hasattr(tf, "GptOssConfig"):
+        pytest.skip("GptOss is not in this transformers")
+    torch.manual_seed(0)
+    m = tf.GptOssForCausalLM(tf.GptOssConfig(**FAMILIES["GptOss"])).to(torch.bfloat16).eval().to(device)
+    ids, mask = hg.make_prompts([29], 512, device=device)
+    cont = torch.randint(3, 512, (1, 3), generator=torch.Generator().manual_seed(2)).to(device)
+    ref = hg.teacher_forced(m, ids, mask, cont, "eager")[0]
+    got = hg.teacher_forced(m, ids, mask, cont, "metrale", "bf16")[0]
+    assert float((got - ref).abs().max()) <= 0.03, float((got - ref).abs().max())
+    m.set_attn_implementation("metrale")
+    _prompt_lookup(m, "bf16", device)
 
 
 def test_errors_name_the_problem(model, prompts):

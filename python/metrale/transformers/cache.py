@@ -1,73 +1,23 @@
-"""Hugging Face transformers (5.x) integration: a paged metrale cache and an attention function.
-
-    import metrale.transformers as mt            # registers attn_implementation "metrale"
-    model.set_attn_implementation("metrale")     # or from_pretrained(..., attn_implementation="metrale")
-    cache = mt.PagedCache(model.config, format="nvfp4", max_batch_size=8, max_cache_len=4096)
-    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64)
-
-How it plugs in. transformers calls ``cache.update(key, value, layer_idx)`` and then the
-registered attention function for the same layer. ``PagedCache.update`` only makes the
-cache the forward's current one (a thread-local forward context, the pattern of vLLM's
-``get_forward_context``) and returns K and V unchanged; the attention function writes them
-into the paged cache (``reshape_and_cache``, the only copy of K/V) and attends over it:
-a prefill (or any step of more than one token) with ``metrale.torch_ops.attend`` (query
-runs, causal, aligned to the end of the cache), a one-token decode step with
-``metrale.torch_ops.decode``, or with ``attend`` of one row per sequence where sinks or
-soft-capping are on. The mask function registered under the same name hands the 2-D
-padding mask through unchanged (without one, transformers would pass no mask and left
-padding would be lost).
-
-What the cache does:
-
-* **Blocks**: ``num_blocks`` pages of ``block_size`` tokens per layer (K and V each), handed
-  out on demand from a free list; every layer of a sequence uses the same block ids.
-* **Left padding**: padding columns of the prompt are not written (slot -1) and are not part
-  of the sequence: sequence i holds only its real tokens, so causal alignment and windows
-  are over real positions, as in the padded model's mask.
-* **Sliding windows**: per layer from ``config.layer_types`` / ``config.sliding_window``
-  (or the ``sliding_window`` the model passes); the window is applied by the kernels, the
-  pages stay allocated.
-* **Calibration**: FP8 / NVFP4 scales of each layer from the absmax of the first K/V it is
-  given (the prompt's real tokens), before that write; fixed afterwards.
-* **Assisted generation** (speculative decoding with an assistant model or prompt lookup,
-  batch 1 in transformers): the model verifies the draft tokens as one query run over the
-  cache, and ``crop`` gives back the rejected ones.
-* **Beam search**: ``reorder_cache`` lets each beam go on from the history it chose; the
-  histories' full blocks are shared by reference count (never written again), a shared
-  partial last block is copied, and blocks no beam kept go back to the free list.
-  ``batch_repeat_interleave`` and ``batch_select_indices`` remap the batch the same way.
-
-Limits: one batch per cache (``reset()`` to reuse it; ``num_return_sequences`` and
-``num_beams`` expand the prompts before the prefill: ``max_batch_size`` counts the copies);
-the model runs in bfloat16; the tokens of a decode step are never padding (what ``generate`` does).
-Continuous batching (``generate_batch``) builds its own ``PagedAttentionCache`` internally
-and is not served (docs/engines.md).
-"""
+"""PagedCache: a transformers ``Cache`` whose K/V live in a paged metrale cache, and the
+write + attention of one layer's forward over it (``PagedCache.attend``)."""
 
 from __future__ import annotations
 
 import math
 import operator
-import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-try:
-    from transformers import AttentionInterface
-    from transformers.cache_utils import Cache, CacheLayerMixin
-    from transformers.masking_utils import AttentionMaskInterface
-except ImportError as e:  # pragma: no cover - exercised only without transformers
-    raise ImportError(f"metrale.transformers needs transformers >= 5 (import failed: {e})") from e
+from transformers.cache_utils import Cache, CacheLayerMixin
 
-from . import torch_ops  # noqa: F401 (registers torch.ops.metrale.*)
-from .cache import PagedKVCache
-from ._metrale import KvFormat
-
-ATTN_IMPLEMENTATION = "metrale"
-
-_forward = threading.local()  # .cache: the PagedCache whose layer was updated last on this thread
+from .. import torch_ops  # noqa: F401 (registers torch.ops.metrale.*)
+from .._arrays import format_name
+from .._metrale import KvFormat
+from ..cache import PagedKVCache
+from .attention import make_current
+from .blocks import BlockTables
 
 
 def _layer_windows(config: Any, num_layers: int) -> List[int]:
@@ -178,11 +128,7 @@ class PagedCache(Cache):
     # ---- state of the batch
     def _clear(self) -> None:
         self._columns = 0            # columns seen, padding included (transformers' sequence length)
-        self._batch = 0
-        self._lens = np.zeros(0, dtype=np.int64)       # real tokens per sequence (host)
-        self._table = np.zeros((0, 0), dtype=np.int32)  # block ids (host mirror)
-        self._free = list(range(self.num_blocks - 1, -1, -1))
-        self._refs = np.zeros(self.num_blocks, dtype=np.int64)  # sequences holding each block (beam search shares)
+        self._bt = BlockTables(self.num_blocks, self.block_size, self.max_blocks_per_seq)  # pages of the batch
         self._calibrated = [False] * len(self.windows)
         self._last_layer = None
         self._step: Optional[_Step] = None
@@ -235,8 +181,37 @@ class PagedCache(Cache):
             self._step = None
         self._last_layer = layer_idx
         self.layers[layer_idx].is_initialized = True
-        _forward.cache = self
+        make_current(self)
         return key_states, value_states
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        """Real tokens of each sequence of the batch (a copy; padding is not held)."""
+        return self._bt.lens.copy()
+
+    @property
+    def block_table(self) -> np.ndarray:
+        """The batch's block ids, int32 (batch, max_blocks_per_seq) (a copy of the host table)."""
+        return self._bt.table.copy()
+
+    @property
+    def allocator(self):
+        """The page pool (metrale.BlockAllocator): num_free, num_used, ref_count(block)."""
+        return self._bt.allocator
+
+    def set_scales(self, layer: int, *, device: Any = None, **scales: float) -> None:
+        """Fixes the scales of `layer` (``k_scale`` / ``v_scale`` for FP8, ``k_global_scale`` /
+        ``v_global_scale`` for NVFP4) instead of calibrating them from its first K/V; allocates
+        the pages first (on `device`, default the cache's or the CPU) when needed."""
+        if self.kv is None:
+            self._allocate(torch.device(device) if device is not None else (self._device or torch.device("cpu")))
+        self.kv.set_scales(layer, **scales)
+        self._calibrated[layer] = True
+
+    @property
+    def last_updated_layer(self) -> Optional[int]:
+        """The layer whose ``update`` came last in this forward (None between forwards)."""
+        return self._last_layer
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._columns
@@ -268,18 +243,13 @@ class PagedCache(Cache):
         remove = -tokens_to_remove if tokens_to_remove <= 0 else max(0, self._columns - tokens_to_remove)
         if remove == 0:
             return
-        shortest = int(self._lens.min()) if self._batch else 0
+        shortest = int(self._bt.lens.min()) if self._bt.batch else 0
         if remove > shortest:
             raise ValueError(f"'tokens_to_remove' = {tokens_to_remove}: {remove} tokens; expected at most the "
                              f"shortest sequence's {shortest} real tokens")
-        kept = self._lens - remove
-        for b in range(self._batch):
-            need, have = self._blocks(kept[b]), self._blocks(self._lens[b])
-            for j in range(have - 1, need - 1, -1):
-                self._release(int(self._table[b, j]))
-        self._lens = kept
+        self._bt.crop(remove)
         if self._own_last_blocks():  # a shared full block may have become a partial last one
-            self._dev["table"].copy_(torch.from_numpy(self._table))
+            self._dev["table"].copy_(torch.from_numpy(self._bt.table))
         self._columns -= remove
         self._dev["lens"] -= remove
         self._forget_step()
@@ -295,7 +265,7 @@ class PagedCache(Cache):
         """Each sequence ``repeats`` times in a row (sharing its blocks as ``reorder_cache`` does)."""
         if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
             raise ValueError(f"'repeats' = {repeats!r}; expected an int >= 1")
-        self._remap(np.repeat(np.arange(self._batch), repeats), "repeats")
+        self._remap(np.repeat(np.arange(self._bt.batch), repeats), "repeats")
 
     def batch_select_indices(self, indices: Any) -> None:
         """Keeps the sequences ``indices`` (in that order); the blocks only the others held are freed."""
@@ -303,31 +273,24 @@ class PagedCache(Cache):
 
     def _remap(self, indices: Any, name: str, same_batch: bool = False) -> None:
         """New sequence i continues old sequence indices[i], in every layer (block references)."""
-        if self._batch == 0:
+        if self._bt.batch == 0:
             return
         idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices).reshape(-1)
-        if not np.issubdtype(idx.dtype, np.integer) or len(idx) == 0 or idx.min() < 0 or idx.max() >= self._batch \
-                or (same_batch and len(idx) != self._batch) or len(idx) > self.max_batch_size:
-            want = f"{self._batch}" if same_batch else f"1..{self.max_batch_size} (max_batch_size)"
-            raise ValueError(f"'{name}': {want} sequence indices in [0, {self._batch}) expected; got {indices!r}")
-        blocks = [self._blocks(n) for n in self._lens]
-        for src in idx:
-            self._refs[self._table[src, :blocks[src]]] += 1
-        for b in range(self._batch):
-            for j in range(blocks[b]):
-                self._release(int(self._table[b, j]))
-        table, lens = self._table[idx], self._lens[idx]
-        if len(idx) != self._batch:
-            self._begin_batch(len(idx), self._dev["table"].device)
-        self._table, self._lens = table, lens
+        if not np.issubdtype(idx.dtype, np.integer) or len(idx) == 0 or idx.min() < 0 or idx.max() >= self._bt.batch \
+                or (same_batch and len(idx) != self._bt.batch) or len(idx) > self.max_batch_size:
+            want = f"{self._bt.batch}" if same_batch else f"1..{self.max_batch_size} (max_batch_size)"
+            raise ValueError(f"'{name}': {want} sequence indices in [0, {self._bt.batch}) expected; got {indices!r}")
+        if len(idx) != self._bt.batch:
+            self._dev = self._device_state(len(idx), self._dev["table"].device)
+        self._bt.remap(idx)
         self._own_last_blocks()
-        self._dev["table"].copy_(torch.from_numpy(self._table))
-        self._dev["lens"].copy_(torch.from_numpy(self._lens.astype(np.int32)))
+        self._dev["table"].copy_(torch.from_numpy(self._bt.table))
+        self._dev["lens"].copy_(torch.from_numpy(self._bt.lens.astype(np.int32)))
         self._forget_step()
 
     @property
     def batch_size(self) -> int:
-        return self._batch or -1
+        return self._bt.batch or -1
 
     # ---- the step's metadata
     def saturated(self, layer: Optional[int] = None) -> Tuple[int, int]:
@@ -339,44 +302,23 @@ class PagedCache(Cache):
             return (0, 0)
         return self.kv.saturated(layer)
 
-    def _take_block(self) -> int:
-        if not self._free:
-            raise RuntimeError(f"metrale PagedCache: out of blocks (num_blocks = {self.num_blocks}); pass a larger "
-                               "num_blocks or max_cache_len")
-        block = self._free.pop()
-        self._refs[block] = 1
-        return block
-
-    def _blocks(self, tokens) -> int:
-        """The blocks that `tokens` tokens of a sequence fill."""
-        return -(-int(tokens) // self.block_size)
-
     def _forget_step(self) -> None:
         """After the sequences changed between forwards: the next layer call starts a new step."""
         self._step = None
         self._last_layer = None
 
-    def _release(self, block: int) -> None:
-        self._refs[block] -= 1
-        if self._refs[block] == 0:
-            self._free.append(block)
+    def _grow(self, b: int, new_len: int) -> None:
+        """Gives sequence b the blocks that `new_len` real tokens need (host table)."""
+        if new_len > self.max_cache_len:
+            raise RuntimeError(f"metrale PagedCache: sequence {b} reaches {new_len} tokens; expected at most "
+                               f"max_cache_len = {self.max_cache_len}")
+        self._bt.grow(b, new_len)
 
     def _own_last_blocks(self) -> bool:
         """Gives every sequence whose partial last block others share (beam search) a copy of
-        it, in every layer: the next tokens are written there. Full blocks are never written
-        again, so sequences share them. Returns whether the host table changed."""
-        src, dst = [], []
-        for b in range(self._batch):
-            n = int(self._lens[b])
-            if n % self.block_size == 0:
-                continue
-            j = n // self.block_size
-            block = int(self._table[b, j])
-            if self._refs[block] > 1:
-                self._refs[block] -= 1
-                self._table[b, j] = self._take_block()
-                src.append(block)
-                dst.append(int(self._table[b, j]))
+        it, in every layer: the next tokens are written there. Returns whether the host table
+        changed."""
+        src, dst = self._bt.own_last_blocks()
         if src:
             s = torch.tensor(src, dtype=torch.long, device=self._pages[0][0].device)
             d = torch.tensor(dst, dtype=torch.long, device=s.device)
@@ -385,54 +327,47 @@ class PagedCache(Cache):
                 v_pages[d] = v_pages[s]
         return bool(src)
 
-    def _grow(self, b: int, new_len: int) -> None:
-        """Gives sequence b the blocks that `new_len` real tokens need (host table)."""
-        if new_len > self.max_cache_len:
-            raise RuntimeError(f"metrale PagedCache: sequence {b} reaches {new_len} tokens; expected at most "
-                               f"max_cache_len = {self.max_cache_len}")
-        for j in range(self._blocks(self._lens[b]), self._blocks(new_len)):
-            self._table[b, j] = self._take_block()
-
     def _begin_batch(self, batch: int, device: torch.device) -> None:
         if batch > self.max_batch_size:
             raise ValueError(f"batch of {batch} sequences; expected at most max_batch_size = {self.max_batch_size}")
-        self._batch = batch
-        self._lens = np.zeros(batch, dtype=np.int64)
-        self._table = np.zeros((batch, self.max_blocks_per_seq), dtype=np.int32)
-        self._dev = {"table": torch.zeros((batch, self.max_blocks_per_seq), dtype=torch.int32, device=device),
-                     "lens": torch.zeros(batch, dtype=torch.int32, device=device),
-                     "one_row_starts": torch.arange(batch + 1, dtype=torch.int32, device=device)}
+        self._bt.begin(batch)
+        self._dev = self._device_state(batch, device)
+
+    def _device_state(self, batch: int, device: torch.device) -> Dict[str, torch.Tensor]:
+        """The device mirror of the block table and lengths of a batch."""
+        return {"table": torch.zeros((batch, self.max_blocks_per_seq), dtype=torch.int32, device=device),
+                "lens": torch.zeros(batch, dtype=torch.int32, device=device)}
 
     def _prepare(self, batch: int, n: int, mask: Optional[torch.Tensor], device: torch.device) -> "_Step":
         """This forward's slots, lengths and runs, made at its first attention call."""
         if self._step is not None:
             return self._step
-        if self._batch == 0:
+        if self._bt.batch == 0:
             self._begin_batch(batch, device)
-        elif batch != self._batch:
-            raise ValueError(f"a forward of {batch} sequences on a cache holding a batch of {self._batch}; call "
+        elif batch != self._bt.batch:
+            raise ValueError(f"a forward of {batch} sequences on a cache holding a batch of {self._bt.batch}; call "
                              "cache.reset() before a new batch")
         dev = self._dev
-        if n == 1 and self._lens.min(initial=1) > 0:
+        if n == 1 and self._bt.lens.min(initial=1) > 0:
             # Decode: every sequence gains one real token. Blocks are handed out on the host (it
             # knows every length); the device table is patched with scalar fills and the slots
             # computed on the device, so nothing here waits for the device.
-            longest = int(self._lens.max())
+            longest = int(self._bt.lens.max())
             if longest + 1 > self.max_cache_len:
-                raise RuntimeError(f"metrale PagedCache: sequence {int(self._lens.argmax())} reaches {longest + 1} "
+                raise RuntimeError(f"metrale PagedCache: sequence {int(self._bt.lens.argmax())} reaches {longest + 1} "
                                    f"tokens; expected at most max_cache_len = {self.max_cache_len}")
-            grow = np.nonzero(self._lens % self.block_size == 0)[0]
+            grow = np.nonzero(self._bt.lens % self.block_size == 0)[0]
             for b in grow:
-                j = int(self._lens[b]) // self.block_size
-                self._grow(int(b), int(self._lens[b]) + 1)
-                dev["table"][int(b), j] = int(self._table[b, j])
-            self._lens += 1
+                j = int(self._bt.lens[b]) // self.block_size
+                self._grow(int(b), int(self._bt.lens[b]) + 1)
+                dev["table"][int(b), j] = int(self._bt.table[b, j])
+            self._bt.lens += 1
             dev["lens"] += 1
             pos = (dev["lens"] - 1).long()
             page = dev["table"].gather(1, (pos // self.block_size).unsqueeze(1)).squeeze(1).long()
             slots = page * self.block_size + pos % self.block_size
-            self._step = _Step(n=1, slots=slots, q_start=dev["one_row_starts"], rows=None, max_q_len=1,
-                               max_len=int(self._lens.max()))
+            self._step = _Step(n=1, slots=slots, q_start=None, rows=None, max_q_len=1,
+                               max_len=int(self._bt.lens.max()))
             return self._step
         # Several tokens (a prompt, a chunk): the padding mask is read on the host (once per forward).
         if mask is None:
@@ -448,8 +383,8 @@ class PagedCache(Cache):
             if r and not real[b, n - r:].all():
                 raise ValueError(f"'attention_mask': row {b} is not left-padded (padding after a real token); "
                                  "metrale's cache takes left padding only")
-            if r < n and self._lens[b] > 0:
-                raise ValueError(f"'attention_mask': row {b} pads new tokens after {int(self._lens[b])} cached "
+            if r < n and self._bt.lens[b] > 0:
+                raise ValueError(f"'attention_mask': row {b} pads new tokens after {int(self._bt.lens[b])} cached "
                                  "ones; only a prompt may be padded (a new batch of prompts on this cache needs "
                                  "cache.reset() first)")
         slots = np.full((batch, n), -1, dtype=np.int64)
@@ -457,21 +392,21 @@ class PagedCache(Cache):
             r = int(counts[b])
             if r == 0:
                 continue
-            start = int(self._lens[b])
+            start = int(self._bt.lens[b])
             self._grow(b, start + r)
             pos = np.arange(start, start + r)
-            slots[b, n - r:] = self._table[b, pos // self.block_size].astype(np.int64) * self.block_size \
+            slots[b, n - r:] = self._bt.table[b, pos // self.block_size].astype(np.int64) * self.block_size \
                 + pos % self.block_size
-        self._lens += counts
+        self._bt.lens += counts
         q_start = np.zeros(batch + 1, dtype=np.int32)
         np.cumsum(counts, out=q_start[1:])
         rows = np.flatnonzero(real.reshape(-1))
-        dev["table"].copy_(torch.from_numpy(self._table))
-        dev["lens"].copy_(torch.from_numpy(self._lens.astype(np.int32)))
+        dev["table"].copy_(torch.from_numpy(self._bt.table))
+        dev["lens"].copy_(torch.from_numpy(self._bt.lens.astype(np.int32)))
         self._step = _Step(n=n, slots=torch.from_numpy(slots.reshape(-1)).to(device),
                            q_start=torch.from_numpy(q_start).to(device),
                            rows=None if len(rows) == batch * n else torch.from_numpy(rows).to(device),
-                           max_q_len=max(1, int(counts.max(initial=1))), max_len=int(self._lens.max(initial=0)))
+                           max_q_len=max(1, int(counts.max(initial=1))), max_len=int(self._bt.lens.max(initial=0)))
         return self._step
 
     def _calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
@@ -501,7 +436,7 @@ class PagedCache(Cache):
             self._calibrate(layer, key, value, slots)
         view = self.kv.layer(layer)
         k_cache, v_cache, sat = self._pages[layer]
-        fmt, k_scale, v_scale = self.format, *view.tensor_scales
+        fmt, (k_scale, v_scale) = format_name(self.kv.format), view.tensor_scales
         # K/V are read where they lie (head-major (batch, kv_heads, n, head_dim) views, strided
         # writes): no copy. One token per sequence: one write of (batch, kv_heads, head_dim) rows;
         # a prompt: one write per sequence of its (n, kv_heads, head_dim) view. Clipped elements
@@ -550,51 +485,3 @@ class _Step:
         self.max_q_len, self.max_len = max_q_len, max_len
 
 
-def metrale_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                              attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None,
-                              dropout: float = 0.0, sliding_window: Optional[int] = None,
-                              softcap: Optional[float] = None, s_aux: Optional[torch.Tensor] = None,
-                              **kwargs) -> Tuple[torch.Tensor, None]:
-    """The attention function of ``attn_implementation="metrale"``: query (batch, q_heads, n,
-    head_dim), key/value (batch, kv_heads, n, head_dim) of the new tokens; writes them into the
-    current PagedCache and attends over it. Returns ((batch, n, q_heads, head_dim), None)."""
-    cache = getattr(_forward, "cache", None)
-    _forward.cache = None  # consumed: each layer's update names the cache again
-    layer = getattr(module, "layer_idx", None)
-    if cache is None or layer is None or cache._last_layer != layer:
-        raise RuntimeError("attn_implementation 'metrale' needs past_key_values=metrale.transformers.PagedCache(...) "
-                           f"updated for this layer (module layer_idx = {layer!r}); pass one to generate/forward")
-    if query.dtype != torch.bfloat16:
-        raise TypeError(f"'query': dtype {query.dtype}; attn_implementation 'metrale' expects torch.bfloat16 "
-                        "(load the model with dtype=torch.bfloat16)")
-    if dropout:
-        raise ValueError(f"'dropout' = {dropout!r}; metrale attention is inference-only (expected 0)")
-    if key.shape[2] != query.shape[2]:
-        raise ValueError(f"'key': {key.shape[2]} tokens for {query.shape[2]} query tokens; expected the new "
-                         "tokens' K/V as PagedCache.update returns them")
-    window = int(sliding_window) if sliding_window else cache.windows[layer]
-    sinks = None
-    if s_aux is not None:
-        sinks = s_aux.detach().to(torch.float32).contiguous()
-    out = cache.attend(layer, query, key, value, attention_mask, scaling, window, float(softcap or 0.0), sinks)
-    return out, None
-
-
-def metrale_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
-                 mask_function: Any = None, attention_mask: Optional[torch.Tensor] = None, **kwargs):
-    """The mask function of ``"metrale"``: the 2-D padding mask (batch, kv_length) as given (None
-    when there is none). Causality and windows are the kernels' (aligned to the end of the cache)."""
-    if attention_mask is None:
-        return None
-    return attention_mask
-
-
-def register(name: str = ATTN_IMPLEMENTATION) -> None:
-    """Registers the attention and mask functions under `name` (done on import for "metrale")."""
-    AttentionInterface.register(name, metrale_attention_forward)
-    AttentionMaskInterface.register(name, metrale_mask)
-
-
-register()
-
-__all__ = ["PagedCache", "metrale_attention_forward", "metrale_mask", "register", "ATTN_IMPLEMENTATION"]
