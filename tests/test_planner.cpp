@@ -87,6 +87,22 @@ TEST(Planner, SplitsBatchOneLongContexts) {
   EXPECT_GT(prev, 1);
 }
 
+// merge = single_pass with the split count left to the planner is one pass
+// for decode and query runs, also where the planner alone would split.
+TEST(Planner, SinglePassMergeWithoutASplitCountIsOnePass) {
+  test::PlanChoices o;
+  o.merge = SplitMerge::single_pass;
+  for (int32_t q_len : {1, 8}) {
+    AttnProblem p = problem(1, 8, 4, 32768);
+    p.max_q_len = q_len;
+    ASSERT_GT(plan_for(p, kH200Sms).num_splits, 1) << "q_len " << q_len;
+    const AttnPlan plan = test::plan_with(p, gpu_like(1000), o);
+    EXPECT_EQ(plan.num_splits, 1) << "q_len " << q_len;
+    EXPECT_EQ(plan.merge, SplitMerge::single_pass);
+    EXPECT_EQ(plan.workspace_bytes, 0u);
+  }
+}
+
 // head_dim 64 serves two kv heads per CTA (decode_pairs_kv_heads) where the
 // group allows and the batch still fills a third of a wave: half the CTAs
 // per split, so twice the splits of head_dim 128, at most 2.

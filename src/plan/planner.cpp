@@ -286,11 +286,10 @@ AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, con
   const int64_t base_ctas = plan.grid_x(p.num_seqs);
 
   // Splits.
-  if (opt.num_splits > 0) {
-    plan.num_splits = opt.num_splits;
-  } else {
-    plan.num_splits = fill_splits(base_ctas, attended_len(p), wave);
-  }
+  // merge = single_pass with the count left to the planner is one split.
+  plan.num_splits = opt.num_splits > 0                    ? opt.num_splits
+                    : opt.merge == SplitMerge::single_pass ? 1
+                                                            : fill_splits(base_ctas, attended_len(p), wave);
 
   // Load path: TMA for the formats without a scale section wherever the
   // target encodes tensor maps (the TMA ring carries no scale rows; the
