@@ -23,7 +23,6 @@ tests/python/test_transformers.py calls the same functions on a small CPU model.
 from __future__ import annotations
 
 import argparse
-import inspect
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -31,10 +30,9 @@ import torch
 
 
 def cache_kwarg() -> str:
-    """The name generate / forward take the cache by: 'cache' in newer 5.x, 'past_key_values' before."""
-    from transformers import GenerationMixin
-    params = inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    """The keyword generate takes the cache by (metrale.transformers.cache_kwarg)."""
+    from metrale.transformers import cache_kwarg as kwarg
+    return kwarg()
 
 
 def build_model(*, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, sliding_window: int,

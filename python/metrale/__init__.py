@@ -47,7 +47,7 @@ Quick tour::
 """
 
 from ._arrays import MAX_SPLITS, from_bf16, make_layout, to_bf16
-from ._metrale import AttnPlan, CudaError, KvCacheLayout, KvFormat
+from ._metrale import AttnPlan, BlockAllocator, CudaError, KvCacheLayout, KvFormat
 from .attention import attention, reduce_states
 from .cache import Calibrator, PagedKVCache, kv_scales_from_absmax
 from .ops import (bf16_absmax, cpu_num_threads, cuda_available, fp8_scale_from_absmax, nvfp4_global_scale_from_absmax,
@@ -60,6 +60,7 @@ __all__ = [
     "attention",
     "reduce_states",
     "AttnPlan",
+    "BlockAllocator",
     "KvCacheLayout",
     "KvFormat",
     "KVCacheView",

@@ -372,6 +372,4 @@ inline void check_tables(const In& block_tables, const In& seq_lens, int64_t num
                 shape_str(seq_lens));
 }
 
-// A decode call's arguments, checked and converted once: the DecodeArgs and
-
 }  // namespace metrale_ext

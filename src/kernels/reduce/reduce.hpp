@@ -1,5 +1,5 @@
 // The split-K reduce kernel's launch, for callers that validated its
-// arguments (run_decode); cuda::paged_decode_attn_reduce validates first.
+// arguments (run_attention); cuda::reduce_states validates first.
 #pragma once
 
 #include <cuda_runtime.h>
