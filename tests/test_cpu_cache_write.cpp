@@ -144,7 +144,7 @@ TEST(CpuCacheWrite, AdaptiveNvfp4MatchesCodecRecomputation) {
       for (size_t i = 0; i < p.key.size(); i += 97) p.key[i] = specials[(i / 97) % 6];
     }
     p.layout = p.layout.with_nvfp4_scales(Nvfp4ScaleRule::adaptive);
-    if (c.k_global_scale <= 0.0f) p.scales = kv_scales_from_absmax(p.layout, 3.0f, 2.0f);
+    if (c.k_global_scale <= 0.0f) p.scales = kv_scales_from_absmax(KvFormat::nvfp4, 3.0f, 2.0f);
     check_write(p, rng);
     p.layout.nvfp4_scales = Nvfp4ScaleRule::max6;
     const std::vector<uint8_t> max6_again = expected_cache(p, p.key, true, p.k_cache);

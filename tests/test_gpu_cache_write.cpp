@@ -612,10 +612,10 @@ TEST_P(GpuCacheWriteAdaptive, SpecialValuesMatchCpu) {
     }
 }
 
-// Global scales calibrated by the adaptive rule on the batch
-// (kv_scales_from_absmax of the layout), shrunk so that groups saturate,
-// grown so that group scales fall on the E4M3 subnormal grid (tiny groups),
-// and extreme ones that take the codec route (subnormal g, g near FLT_MAX).
+// Global scales calibrated on the batch (kv_scales_from_absmax), shrunk so
+// that groups saturate, grown so that group scales fall on the E4M3
+// subnormal grid (tiny groups), and extreme ones that take the codec route
+// (a subnormal g; a g so large that inv underflows).
 TEST_P(GpuCacheWriteAdaptive, CalibratedTinySaturatedAndExtremeGlobalScales) {
   METRALE_SKIP_WITHOUT_GPU();
   const auto [D, H] = GetParam();
@@ -630,7 +630,7 @@ TEST_P(GpuCacheWriteAdaptive, CalibratedTinySaturatedAndExtremeGlobalScales) {
       if (!(a <= 1e30f)) continue;  // NaN, inf, huge
       (int64_t(i) < pb.value_offset ? k_absmax : v_absmax) = std::max(int64_t(i) < pb.value_offset ? k_absmax : v_absmax, a);
     }
-    pb.scales = metrale::kv_scales_from_absmax(pb.layout, k_absmax, v_absmax);
+    pb.scales = metrale::kv_scales_from_absmax(KvFormat::nvfp4, k_absmax, v_absmax);
     if (factor > 0.0f) {
       pb.scales.k_global_scale *= factor;
       pb.scales.v_global_scale *= factor * 0.7f;

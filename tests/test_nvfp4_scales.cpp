@@ -155,30 +155,30 @@ TEST(Nvfp4ScaleRule, LayoutDefaultsToMax6AndTakesAdaptiveForNvfp4Only) {
 
 // ------------------------------------------------------------ calibration
 
-TEST(Nvfp4ScaleRule, CalibrationMapsTheAbsmaxTo448TimesFourUnderAdaptive) {
+// Both rules calibrate g = absmax / 2688: every candidate scale is a finite
+// E4M3 value; a group holding the absmax keeps max6 (its 4-candidate
+// saturates to the same 448), one within 2/3 of it competes with a 4-candidate
+// of scale 448 (absmax mapped between 4 and 6, nothing clipped), and no value
+// up to the calibrated absmax saturates under either rule.
+TEST(Nvfp4ScaleRule, CalibratedGlobalScaleKeepsBothCandidatesFinite) {
   for (float absmax : {1.0f, 37.5f, 0.003f, 6.0e4f}) {
-    EXPECT_EQ(metrale::nvfp4_global_scale_for_rule(absmax, Nvfp4ScaleRule::max6),
-              metrale::nvfp4_global_scale_from_absmax(absmax));
-    const float g = metrale::nvfp4_global_scale_for_rule(absmax, Nvfp4ScaleRule::adaptive);
-    EXPECT_EQ(g, absmax / 1792.0f);
-    // A group holding the calibrated absmax: its 4-candidate scale is 448
-    // (finite, not clipped), its max6 scale 2/3 of it; values up to 1.5x the
-    // absmax still fit max6's largest scale without saturating.
-    EXPECT_EQ(codec::e4m3_rne_satfinite(absmax / (4.0f * g)), 0x7e) << absmax;
-    EXPECT_LT(codec::e4m3_to_float(codec::e4m3_rne_satfinite(absmax / (6.0f * g))), 448.0f);
-    EXPECT_FALSE(codec::nvfp4_saturates(1.5f * absmax * 0.999f, 6.0f * g));
-    EXPECT_TRUE(codec::nvfp4_saturates(1.6f * absmax, 6.0f * g));
+    const float g = metrale::nvfp4_global_scale_from_absmax(absmax);
+    float x[16];
+    for (int i = 0; i < 16; ++i) x[i] = absmax * float(16 - i) / 16.0f * (i % 2 ? -1.0f : 1.0f);
+    uint8_t pa[8], p6[8];
+    EXPECT_EQ(int(codec::nvfp4_quantize_group_adaptive(x, g, pa)), 0x7e) << absmax;
+    EXPECT_EQ(int(codec::nvfp4_quantize_group(x, g, p6)), 0x7e);
+    EXPECT_EQ(0, std::memcmp(pa, p6, 8));
+    for (float frac : {0.8f, 0.67f, 0.5f, 0.1f}) {
+      const float a = absmax * frac;
+      const uint8_t s4 = codec::e4m3_rne_satfinite(a / (4.0f * g));
+      EXPECT_LE(int(s4), 0x7e);
+      EXPECT_LE(a / (codec::e4m3_to_float(s4) * g), 6.0f) << "4-candidate clips at " << frac;
+      for (float v : {a, absmax}) {
+        EXPECT_FALSE(codec::nvfp4_saturates(v, 6.0f * g));
+      }
+    }
   }
-  EXPECT_EQ(metrale::nvfp4_global_scale_for_rule(0.0f, Nvfp4ScaleRule::adaptive), 1.0f);
-  const KvCacheLayout a = KvCacheLayout::nvfp4(4, 16, 2, 128).with_nvfp4_scales(Nvfp4ScaleRule::adaptive);
-  const metrale::KvScales s = metrale::kv_scales_from_absmax(a, 17.0f, 3.0f);
-  EXPECT_EQ(s.k_global_scale, 17.0f / 1792.0f);
-  EXPECT_EQ(s.v_global_scale, 3.0f / 1792.0f);
-  const metrale::KvScales s6 = metrale::kv_scales_from_absmax(KvCacheLayout::nvfp4(4, 16, 2, 128), 17.0f, 3.0f);
-  EXPECT_EQ(s6.k_global_scale, metrale::nvfp4_global_scale_from_absmax(17.0f));
-  const metrale::KvScales f8 = metrale::kv_scales_from_absmax(KvCacheLayout::fp8(4, 16, 2, 128), 17.0f, 3.0f);
-  EXPECT_EQ(f8.k_scale, metrale::fp8_scale_from_absmax(17.0f));
-  EXPECT_EQ(f8.k_global_scale, 1.0f);
 }
 
 // ------------------------------------------------- the rule, by example

@@ -104,11 +104,9 @@ struct KvCacheView {
 // An absmax of 0 (nothing observed) gives scale 1.
 float fp8_scale_from_absmax(float absmax);           // absmax / 448
 float nvfp4_global_scale_from_absmax(float absmax);  // absmax / (448 * 6)
-// The global scale g for an NVFP4 cache written by rule `r`: max6 as
-// nvfp4_global_scale_from_absmax; adaptive absmax / (448 * 4), so that a group
-// holding the calibrated absmax can still map it to 4 with an E4M3 scale of at
-// most 448 (its max6 scale is then 2/3 of that: headroom of 1.5x for values
-// past the calibration). docs/nvfp4_scales.md.
-float nvfp4_global_scale_for_rule(float absmax, Nvfp4ScaleRule r);
+// Both NVFP4 scale rules take this g: under adaptive, a group within 2/3 of
+// the absmax has its 4-candidate scale saturate to 448 (finite; the group
+// then maps its absmax to amax / (448 g), between 4 and 6), and the larger
+// g = absmax / (448 * 4) that would avoid it measured worse (docs/nvfp4_scales.md).
 
 }  // namespace metrale

@@ -121,8 +121,5 @@ std::string kv_format_enumerators();
 // (x = absmax / calibration_max; an absmax of 0 gives 1); the fields the
 // format does not take keep their defaults.
 KvScales kv_scales_from_absmax(KvFormat f, float k_absmax, float v_absmax);
-// The same for the cache `layout` describes: an NVFP4 layout's scale rule
-// picks the calibration of g (nvfp4_global_scale_for_rule).
-KvScales kv_scales_from_absmax(const KvCacheLayout& layout, float k_absmax, float v_absmax);
 
 }  // namespace metrale

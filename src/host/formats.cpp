@@ -56,19 +56,4 @@ float nvfp4_global_scale_from_absmax(float absmax) {
   return scale_from_absmax(kKvFormats[int(KvFormat::nvfp4)], absmax);
 }
 
-// adaptive: the absmax maps to 4 * 448 instead of 6 * 448 (cache.hpp).
-float nvfp4_global_scale_for_rule(float absmax, Nvfp4ScaleRule r) {
-  if (r != Nvfp4ScaleRule::adaptive) return nvfp4_global_scale_from_absmax(absmax);
-  return absmax > 0.0f ? absmax / (codec::kE4M3Max * 4.0f) : 1.0f;
-}
-
-KvScales kv_scales_from_absmax(const KvCacheLayout& layout, float k_absmax, float v_absmax) {
-  KvScales s = kv_scales_from_absmax(layout.format, k_absmax, v_absmax);
-  if (kv_format_desc(layout.format).tensor_scale == KvTensorScale::global_scale) {
-    s.k_global_scale = nvfp4_global_scale_for_rule(k_absmax, layout.nvfp4_scales);
-    s.v_global_scale = nvfp4_global_scale_for_rule(v_absmax, layout.nvfp4_scales);
-  }
-  return s;
-}
-
 }  // namespace metrale
