@@ -628,7 +628,8 @@ TEST_P(GpuCacheWriteAdaptive, CalibratedTinySaturatedAndExtremeGlobalScales) {
     for (size_t i = 0; i < pb.kv_host.size(); ++i) {
       const float a = std::fabs(codec::bf16_to_float(pb.kv_host[i]));
       if (!(a <= 1e30f)) continue;  // NaN, inf, huge
-      (int64_t(i) < pb.value_offset ? k_absmax : v_absmax) = std::max(int64_t(i) < pb.value_offset ? k_absmax : v_absmax, a);
+      float& m = int64_t(i) < pb.value_offset ? k_absmax : v_absmax;
+      m = std::max(m, a);
     }
     pb.scales = metrale::kv_scales_from_absmax(KvFormat::nvfp4, k_absmax, v_absmax);
     if (factor > 0.0f) {
@@ -677,8 +678,8 @@ TEST(GpuCacheWriteAdaptiveLarge, ManyTokensGridStride) {
   std::mt19937_64 rng(seed);
   const int64_t num_tokens = (int64_t(1) << 19) + 37;
   const int64_t num_blocks = num_tokens / 16 - 1000;
-  run_and_compare(
-      adaptive(make_problem(rng, KvFormat::nvfp4, 64, 16, 1, Variant{false, false, false}, num_blocks, num_tokens, 0.01)));
+  run_and_compare(adaptive(
+      make_problem(rng, KvFormat::nvfp4, 64, 16, 1, Variant{false, false, false}, num_blocks, num_tokens, 0.01)));
 }
 
 // The rule is the layout's: a bf16 or fp8 layout refuses it before anything runs.

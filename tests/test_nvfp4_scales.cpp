@@ -277,7 +277,8 @@ TEST(Nvfp4Adaptive, NaNGroupsHaveTheNaNScaleAndNoFiniteCodes) {
         EXPECT_EQ(int(s), int(codec::kE4M3NaN));
         EXPECT_EQ(int(spec_max6_group(x, g, p6)), int(s));
         EXPECT_EQ(0, std::memcmp(packed, p6, 8));
-        for (int i = 0; i < 16; ++i) EXPECT_TRUE(std::isnan(codec::e2m1_to_float(nibble(packed, i)) * codec::e4m3_to_float(s)));
+        for (int i = 0; i < 16; ++i)
+          EXPECT_TRUE(std::isnan(codec::e2m1_to_float(nibble(packed, i)) * codec::e4m3_to_float(s))) << i;
       }
 }
 

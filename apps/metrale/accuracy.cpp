@@ -28,7 +28,8 @@ int64_t count_clipped(const HostBatch& b, KvFormat f, const KvScales& scales) {
     const float inv = 1.0f / scale, six_g = 6.0f * global_scale;  // the quantizers' f32 values
     for (const bf16 v : rows) {
       const float x = codec::bf16_to_float(v);
-      n += f == KvFormat::fp8_e4m3 ? codec::fp8_saturates(x, inv) : f == KvFormat::nvfp4 && codec::nvfp4_saturates(x, six_g);
+      if (f == KvFormat::fp8_e4m3) n += codec::fp8_saturates(x, inv);
+      if (f == KvFormat::nvfp4) n += codec::nvfp4_saturates(x, six_g);
     }
   };
   count(b.key, scales.k_scale, scales.k_global_scale);

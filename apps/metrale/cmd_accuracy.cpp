@@ -152,8 +152,9 @@ int run(Options& o) {
 void add_accuracy_command(CLI::App& app, int* status) {
   auto o = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand(
-      "accuracy", "Attention-output error of FP8 and NVFP4 caches vs BF16 on model-like K/V, per calibration choice and "
-      "NVFP4 scale rule");
+      "accuracy",
+      "Attention-output error of FP8 and NVFP4 caches vs BF16 on model-like K/V, per calibration choice and NVFP4 "
+      "scale rule");
   sub->add_flag("--cpu", o->force_cpu, "Use the CPU reference backend even when a GPU is usable");
   sub->add_option("--seqs", o->acc.seqs, "Sequences in the batch")->check(CLI::Range(1, 1024))->capture_default_str();
   sub->add_option("--max-len", o->acc.max_len, "Longest sequence; the others are shorter")

@@ -88,8 +88,9 @@ inline int64_t quantize_row(const KvFormatDesc& f, const bf16* src, int64_t n, f
       float x[G];
       for (int64_t g = 0; g < n / G; ++g) {
         for (int i = 0; i < G; ++i) x[i] = codec::bf16_to_float(src[g * G + i]);
-        scales[g] = rule == Nvfp4ScaleRule::adaptive ? codec::nvfp4_quantize_group_adaptive(x, tensor, codes + g * (G / 2))
-                                                     : codec::nvfp4_quantize_group(x, tensor, codes + g * (G / 2));
+        uint8_t* packed = codes + g * (G / 2);
+        scales[g] = rule == Nvfp4ScaleRule::adaptive ? codec::nvfp4_quantize_group_adaptive(x, tensor, packed)
+                                                     : codec::nvfp4_quantize_group(x, tensor, packed);
         if (codec::e4m3_code_may_saturate(scales[g]))
           for (int i = 0; i < G; ++i) saturated += codec::nvfp4_saturates(x[i], six_g);
       }

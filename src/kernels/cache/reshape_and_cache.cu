@@ -278,7 +278,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_const
 // max6's 5; without the bound ptxas takes 79). The rare codec route keeps
 // the default bound, under which its f32 copy of the groups does not spill.
 template <bool kPackedHeads, UnitQuant kQuant>
-__global__ void __launch_bounds__(kThreads, kQuant == UnitQuant::adaptive ? 4 : 1) nvfp4_adaptive_kernel(const __grid_constant__ CacheWriteParams p) {
+__global__ void __launch_bounds__(kThreads, kQuant == UnitQuant::adaptive ? 4 : 1)
+    nvfp4_adaptive_kernel(const __grid_constant__ CacheWriteParams p) {
   nvfp4_unit_write<kPackedHeads, kQuant>(p);
 }
 
