@@ -22,8 +22,8 @@ KvFormat kv_format_from_string(const std::string& name);
 
 // How an NVFP4 cache chooses each 16-value group's E4M3 scale (SYSTEM.md 2,
 // docs/nvfp4_scales.md). Both decode with the same rule x = e2m1 * s * g, so
-// the bytes and the attention kernels do not depend on it; only the cache
-// write and the calibration of g do.
+// the bytes, the attention kernels and the calibration of g do not depend on
+// it; only the cache write does.
 enum class Nvfp4ScaleRule : uint8_t {
   max6 = 0,      // the spec's rule: the group's absmax maps to 6
   adaptive = 1,  // per group the better of the absmax mapped to 6 and to 4, by squared error; a tie keeps max6
@@ -102,11 +102,11 @@ struct KvCacheView {
 
 // Calibration: per-tensor scales from a running absmax (SYSTEM.md 1, 2).
 // An absmax of 0 (nothing observed) gives scale 1.
-float fp8_scale_from_absmax(float absmax);           // absmax / 448
-float nvfp4_global_scale_from_absmax(float absmax);  // absmax / (448 * 6)
-// Both NVFP4 scale rules take this g: under adaptive, a group within 2/3 of
-// the absmax has its 4-candidate scale saturate to 448 (finite; the group
+// Both NVFP4 scale rules take the same g: under adaptive, a group within 2/3
+// of the absmax has its 4-candidate scale saturate to 448 (finite; the group
 // then maps its absmax to amax / (448 g), between 4 and 6), and the larger
 // g = absmax / (448 * 4) that would avoid it measured worse (docs/nvfp4_scales.md).
+float fp8_scale_from_absmax(float absmax);           // absmax / 448
+float nvfp4_global_scale_from_absmax(float absmax);  // absmax / (448 * 6)
 
 }  // namespace metrale

@@ -208,12 +208,13 @@ METRALE_HD float fma_rn(float a, float b, float c) {
 // The squared error of a group's codes `packed` (scale code s, nonzero and
 // not NaN) in units of its scale, float(s)^2 * sum_i (w_i - c_i)^2, where
 // w_i = |x_i| * inv is the quantizer's own product (inv = 1.0f / (float(s) *
-// g), rounded to f32) and c_i = |e2m1 value of code i|. Each difference is
-// exact (c_i is w_i rounded to the E2M1 grid, or 6 below it: Sterbenz, or
-// c_i = 0); the squares are summed in element order, each by one FMA, and the
-// sum is scaled by float(s)^2 (exact) in one rounding. Times g^2 it is the
-// squared error of the dequantised group up to those roundings, and g is
-// common to the candidates compared.
+// g), rounded to f32) and c_i = |e2m1 value of code i|. Wherever two
+// candidates are compared each difference is exact (c_i is w_i rounded to the
+// E2M1 grid, or 6 below a w_i of at most 9: Sterbenz, or c_i = 0); the
+// squares are summed in element order, each by one FMA, and the sum is
+// scaled by float(s)^2 (exact) in one rounding. Times g^2 it is the squared
+// error of the dequantised group up to those roundings, and g is common to
+// the candidates compared.
 METRALE_HD float nvfp4_group_sq_error(const float* x, uint8_t s, float global_scale, const uint8_t* packed) {
   const float sf = e4m3_to_float(s);
   const float inv = 1.0f / (sf * global_scale);

@@ -6,8 +6,8 @@
 // to 4, by the same magic-add rounding as fastq::nvfp4_quantize_groups, and
 // that add also yields each element's squared error for free: t = v + M
 // rounds v = min(|y|, 6) onto the E2M1 grid, so t - M is the code's value c
-// (exact: t and M share a binade) and |y| - c is the codec's exact
-// difference w - c. Per element and candidate that is three more operations
+// (exact: t and M share a binade) and |y| - c is the codec's difference
+// w - c. Per element and candidate that is three more operations
 // (two adds, one FMA) on top of the encoding, and no table or branch.
 //
 // Like the codec, everything is IEEE f32 multiply, divide, add and one

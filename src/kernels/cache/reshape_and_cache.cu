@@ -36,8 +36,9 @@
 //    is IEEE round-to-nearest.
 //  * An NVFP4 cache whose layout takes Nvfp4ScaleRule::adaptive quantizes
 //    each group twice (absmax mapped to 6 and to 4) and keeps the smaller
-//    squared error (fastq::nvfp4_quantize_2groups_adaptive, bit-identical to
-//    codec::nvfp4_quantize_group_adaptive) in its own kernel over the unit
+//    squared error (fastq::nvfp4_quantize_2groups_adaptive_unit, or _codec
+//    for an extreme g; bit-identical to codec::nvfp4_quantize_group_adaptive,
+//    kernels/cache/quantize_adaptive.cuh) in its own kernel over the unit
 //    route's body, so max6's kernels are untouched and adaptive adds three
 //    small instantiations (packed / head-strided heads, extreme g).
 //  * A slot < 0 is padding (skipped). A slot >= capacity is skipped and
