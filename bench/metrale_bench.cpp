@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   CLI::App app{"metrale benchmark: paged decode and cache write on the GPU"};
   std::string mode = "perf", op = "decode", formats = "bf16,fp8,nvfp4";
   std::string shapes = "1x1024,1x32768,16x8192,64x4096,128x2048,256x1024,32x32768";
-  std::string heads = "32/8", csv_path, json_path;
+  std::string heads = "32/8", csv_path, json_path, nvfp4_scales = "max6";
   std::string pairing = "automatic", load_path = "automatic", merge = "automatic";
   int head_dim = 128, block_size = 16, forced_splits = 0, window = 0, q_len = 1, col_tiles = 0, head_dim_parts = 0;
   bool mixed = false;
@@ -96,9 +96,21 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim-parts", head_dim_parts,
                  "runs kernel: 0 = planner, 1, 2 = head_dim split over teams of two warps (NVFP4)")
       ->check(CLI::Range(0, 2));
+  app.add_option("--nvfp4-scales", nvfp4_scales,
+                 "--op write: comma list of NVFP4 group-scale rules (max6, adaptive; docs/nvfp4_scales.md), one "
+                 "row each and their time ratio; decode does not depend on the rule");
   app.add_option("--csv", csv_path, "write rows as CSV");
   app.add_option("--json", json_path, "write rows as JSON");
   CLI11_PARSE(app, argc, argv);
+  std::vector<Nvfp4ScaleRule> rules;
+  for (const std::string& r : split_list(nvfp4_scales)) {
+    try {
+      rules.push_back(nvfp4_scale_rule_from_string(r));
+    } catch (const InvalidArgument& e) {
+      std::fprintf(stderr, "metrale_bench: --nvfp4-scales: %s\n", e.what());
+      return 1;
+    }
+  }
 
   if (!cuda::available()) {
     std::fprintf(stderr, "metrale_bench: no sm_90 GPU here; nothing to measure\n");
@@ -141,6 +153,7 @@ int main(int argc, char** argv) {
       s.block_size = block_size;
       s.sliding_window = window;
       s.mixed_lengths = mixed;
+      const size_t first_row = rows.size();  // this shape's rows are printed below
       DecodeWorkload w(s, kRotationBytes, 1234 + rows.size());
       const AttnProblem prob = attention_problem(w.args(0, nullptr), w.max_seq_len());
       const AttnPlan plan = detail::plan_attention(prob, target, options, tuning);
@@ -191,23 +204,36 @@ int main(int argc, char** argv) {
         wa.key_stride = wa.value_stride = row_len;
         wa.num_tokens = tokens;
         wa.cache = a.cache;
-        const double us = metrale::bench::median_us_per_call(
-            [&](int call, cudaStream_t st) {
-              const size_t set = size_t(call);
-              CacheWriteArgs c = wa;
-              c.key = key + set * set_elems;
-              c.value = value + set * set_elems;
-              c.slot_mapping = slots + set * tokens;
-              cuda::reshape_and_cache(c, st);
-            },
-            kSets);
-        Row r = row_for(0, us);
-        const double bytes = double(tokens) * (2.0 * row_len * 2 + a.cache.layout.kv_bytes_per_token()) + tokens * 8;
-        r.shape = std::string(fs) + " write " + std::to_string(tokens) + " tokens " + heads + " d" +
-                  std::to_string(head_dim);
-        r.gbps = bytes / (us * 1e3);
-        r.frac = r.gbps / ceiling;
-        rows.push_back(r);
+        double max6_us = 0.0;
+        // An NVFP4 row per group-scale rule (the rule is the layout's); the others once.
+        const std::vector<Nvfp4ScaleRule> write_rules =
+            s.format == KvFormat::nvfp4 ? rules : std::vector<Nvfp4ScaleRule>{Nvfp4ScaleRule::max6};
+        for (const Nvfp4ScaleRule rule : write_rules) {
+          wa.cache.layout = a.cache.layout.with_nvfp4_scales(rule);
+          const double us = metrale::bench::median_us_per_call(
+              [&](int call, cudaStream_t st) {
+                const size_t set = size_t(call);
+                CacheWriteArgs c = wa;
+                c.key = key + set * set_elems;
+                c.value = value + set * set_elems;
+                c.slot_mapping = slots + set * tokens;
+                cuda::reshape_and_cache(c, st);
+              },
+              kSets);
+          Row r = row_for(0, us);
+          const double bytes = double(tokens) * (2.0 * row_len * 2 + a.cache.layout.kv_bytes_per_token()) + tokens * 8;
+          r.shape = std::string(fs) + (s.format == KvFormat::nvfp4 ? std::string(" ") + to_string(rule) : "") +
+                    " write " + std::to_string(tokens) + " tokens " + heads + " d" + std::to_string(head_dim);
+          r.gbps = bytes / (us * 1e3);
+          r.frac = r.gbps / ceiling;
+          if (rule == Nvfp4ScaleRule::max6) max6_us = us;
+          if (rule == Nvfp4ScaleRule::adaptive && max6_us > 0.0) {
+            char note[48];
+            std::snprintf(note, sizeof note, "%.3fx max6's time", us / max6_us);
+            r.note = note;
+          }
+          rows.push_back(r);
+        }
         cudaFree(key);
         cudaFree(value);
         cudaFree(slots);
@@ -288,10 +314,12 @@ int main(int argc, char** argv) {
       }
       cudaFree(out);
       cudaFree(ws);
-      const Row& r = rows.back();
-      std::printf("%-34s splits %3d  %9.1f us  %7.0f GB/s  %5.3f R  %-28s %s\n", r.shape.c_str(), r.splits, r.us,
-                  r.gbps, r.frac, r.plan.c_str(),
-                  r.err >= 0 ? (std::to_string(r.err) + " " + r.note).c_str() : r.note.c_str());
+      for (size_t i = first_row; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        std::printf("%-34s splits %3d  %9.1f us  %7.0f GB/s  %5.3f R  %-28s %s\n", r.shape.c_str(), r.splits, r.us,
+                    r.gbps, r.frac, r.plan.c_str(),
+                    r.err >= 0 ? (std::to_string(r.err) + " " + r.note).c_str() : r.note.c_str());
+      }
       std::fflush(stdout);
     }
   }

@@ -12,6 +12,7 @@
 
 #include "metrale/cpu.hpp"
 #include "metrale/error.hpp"
+#include "metrale/format.hpp"
 #include "support/problem.hpp"
 
 namespace metrale::test {
@@ -54,7 +55,9 @@ std::vector<uint8_t> expected_cache(const HostProblem& p, const std::vector<bf16
           float f[16];
           for (int i = 0; i < 16; ++i) f[i] = codec::bf16_to_float(x[grp * 16 + i]);
           uint8_t packed[8];
-          page[l.data_section_bytes + row * (D / 16) + grp] = codec::nvfp4_quantize_group(f, g, packed);
+          page[l.data_section_bytes + row * (D / 16) + grp] = l.nvfp4_scales == Nvfp4ScaleRule::adaptive
+                                                                   ? codec::nvfp4_quantize_group_adaptive(f, g, packed)
+                                                                   : codec::nvfp4_quantize_group(f, g, packed);
           for (int i = 0; i < 8; ++i) page[row * D / 2 + grp * 8 + i] = packed[i];
         }
       }
@@ -120,6 +123,34 @@ TEST(CpuCacheWrite, EveryFormatMatchesCodecRecomputation) {
       HostProblem p = make_problem(c, rng());
       check_write(p, rng);
     }
+}
+
+// The adaptive NVFP4 scale rule (layout.nvfp4_scales): the same write,
+// every group by codec::nvfp4_quantize_group_adaptive; with g = 1 and with
+// g calibrated by the adaptive rule; special values included.
+TEST(CpuCacheWrite, AdaptiveNvfp4MatchesCodecRecomputation) {
+  const uint64_t seed = random_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  int64_t differs_from_max6 = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    DecodeCase c = write_case(KvFormat::nvfp4, rng);
+    if (rep % 2) c.k_global_scale = c.v_global_scale = 1.0f;
+    SCOPED_TRACE(c.describe());
+    HostProblem p = make_problem(c, rng());
+    if (rep == 5) {  // special values in K: NaN, +-inf, huge, tiny negative, -0
+      const bf16 specials[] = {bf16{0x7fc0}, bf16{0x7f80}, bf16{0xff80}, codec::float_to_bf16(1e30f),
+                               codec::float_to_bf16(-1e-30f), bf16{0x8000}};
+      for (size_t i = 0; i < p.key.size(); i += 97) p.key[i] = specials[(i / 97) % 6];
+    }
+    p.layout = p.layout.with_nvfp4_scales(Nvfp4ScaleRule::adaptive);
+    if (c.k_global_scale <= 0.0f) p.scales = kv_scales_from_absmax(KvFormat::nvfp4, 3.0f, 2.0f);
+    check_write(p, rng);
+    p.layout.nvfp4_scales = Nvfp4ScaleRule::max6;
+    const std::vector<uint8_t> max6_again = expected_cache(p, p.key, true, p.k_cache);
+    for (size_t i = 0; i < max6_again.size(); ++i) differs_from_max6 += max6_again[i] != p.k_cache[i];
+  }
+  EXPECT_GT(differs_from_max6, 0) << "the adaptive rule changed no byte";
 }
 
 TEST(CpuCacheWrite, Bf16IsAnExactCopy) {

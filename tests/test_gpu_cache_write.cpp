@@ -21,6 +21,7 @@
 #include <metrale/cpu.hpp>
 #include <metrale/cuda.hpp>
 #include <metrale/error.hpp>
+#include <metrale/format.hpp>
 #include <metrale/ops.hpp>
 
 #include <algorithm>
@@ -561,6 +562,138 @@ TEST_P(GpuCacheWriteFormat, ManyTokensGridStride) {
 INSTANTIATE_TEST_SUITE_P(Formats, GpuCacheWriteFormat,
                          ::testing::Values(KvFormat::bf16, KvFormat::fp8_e4m3, KvFormat::nvfp4),
                          [](const ::testing::TestParamInfo<KvFormat>& i) { return std::string(metrale::to_string(i.param)); });
+
+// ------------------------------------- NVFP4 adaptive group scales
+
+// The layout's Nvfp4ScaleRule::adaptive: the GPU write (the unit route's
+// adaptive kernel, or the codec route for extreme global scales) leaves the
+// caches byte-identical to the CPU's codec::nvfp4_quantize_group_adaptive,
+// counts alike, writes nothing else.
+Problem adaptive(Problem pb) {
+  pb.layout = pb.layout.with_nvfp4_scales(metrale::Nvfp4ScaleRule::adaptive);
+  return pb;
+}
+
+using AdaptiveParam = std::tuple<int32_t /*D*/, int32_t /*H*/>;
+class GpuCacheWriteAdaptive : public ::testing::TestWithParam<AdaptiveParam> {};
+
+TEST_P(GpuCacheWriteAdaptive, MatchesCpuReferenceByteForByte) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const auto [D, H] = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937_64 rng(seed);
+  for (bool fused : {false, true})
+    for (bool pad : {false, true})
+      for (bool unit : {true, false}) {
+        const Variant var{fused, pad, unit};
+        SCOPED_TRACE(variant_name(var, KvFormat::nvfp4));
+        const int32_t bs = rng() % 2 ? 16 : 32;
+        const int64_t num_blocks = 2 + int64_t(rng() % 9);
+        const int64_t num_tokens = 1 + int64_t(rng() % uint64_t(num_blocks * bs + 24));
+        run_and_compare(adaptive(make_problem(rng, KvFormat::nvfp4, D, bs, H, var, num_blocks, num_tokens)));
+        if (HasFailure()) return;
+      }
+}
+
+// Mostly special values (NaN, +-inf, -0, subnormals, huge; zero, tiny, NaN
+// and inf groups), g = 1 and calibrated-like.
+TEST_P(GpuCacheWriteAdaptive, SpecialValuesMatchCpu) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const auto [D, H] = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937_64 rng(seed);
+  for (bool unit : {true, false})
+    for (double rate : {0.05, 0.2}) {
+      SCOPED_TRACE(std::string(unit ? "global scale 1" : "global scale != 1") + ", special rate " +
+                   std::to_string(rate));
+      run_and_compare(adaptive(make_problem(rng, KvFormat::nvfp4, D, 16, H, Variant{true, true, unit}, 6, 90, rate)));
+    }
+}
+
+// Global scales calibrated on the batch (kv_scales_from_absmax), shrunk so
+// that groups saturate, grown so that group scales fall on the E4M3
+// subnormal grid (tiny groups), and extreme ones that take the codec route
+// (a subnormal g; a g so large that inv underflows).
+TEST_P(GpuCacheWriteAdaptive, CalibratedTinySaturatedAndExtremeGlobalScales) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const auto [D, H] = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937_64 rng(seed);
+  for (float factor : {1.0f, 0.3f, 0.02f, 300.0f, 3e4f, 0.0f, -1.0f}) {
+    Problem pb = adaptive(make_problem(rng, KvFormat::nvfp4, D, 16, H, Variant{false, false, true}, 8, 100, 0.01));
+    float k_absmax = 0, v_absmax = 0;
+    for (size_t i = 0; i < pb.kv_host.size(); ++i) {
+      const float a = std::fabs(codec::bf16_to_float(pb.kv_host[i]));
+      if (!(a <= 1e30f)) continue;  // NaN, inf, huge
+      float& m = int64_t(i) < pb.value_offset ? k_absmax : v_absmax;
+      m = std::max(m, a);
+    }
+    pb.scales = metrale::kv_scales_from_absmax(KvFormat::nvfp4, k_absmax, v_absmax);
+    if (factor > 0.0f) {
+      pb.scales.k_global_scale *= factor;
+      pb.scales.v_global_scale *= factor * 0.7f;
+    } else if (factor == 0.0f) {
+      pb.scales.k_global_scale = 1e-42f;  // subnormal g: the codec route
+    } else {
+      pb.scales.v_global_scale = 1e37f;  // inv underflows for large scales: the codec route
+    }
+    SCOPED_TRACE("k_global_scale " + std::to_string(pb.scales.k_global_scale) + ", v_global_scale " +
+                 std::to_string(pb.scales.v_global_scale));
+    run_and_compare(pb);
+    if (HasFailure()) return;
+  }
+}
+
+TEST_P(GpuCacheWriteAdaptive, HeadStridedMatchesCpu) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const auto [D, H] = GetParam();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937_64 rng(seed);
+  for (int kind = 0; kind < 3; ++kind)
+    for (bool unit : {true, false}) {
+      const int64_t num_blocks = 2 + int64_t(rng() % 6);
+      const int64_t num_tokens = 1 + int64_t(rng() % uint64_t(num_blocks * 16 + 16));
+      SCOPED_TRACE("kind " + std::to_string(kind) + (unit ? "" : ", global scale != 1"));
+      run_and_compare(
+          adaptive(make_head_strided_problem(rng, KvFormat::nvfp4, D, 16, H, kind, num_blocks, num_tokens, unit)));
+      if (HasFailure()) return;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuCacheWriteAdaptive,
+                         ::testing::Combine(::testing::Values(64, 128, 256), ::testing::Values(1, 3, 8)),
+                         [](const ::testing::TestParamInfo<AdaptiveParam>& i) {
+                           return "d" + std::to_string(std::get<0>(i.param)) + "_h" +
+                                  std::to_string(std::get<1>(i.param));
+                         });
+
+TEST(GpuCacheWriteAdaptiveLarge, ManyTokensGridStride) {
+  METRALE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE(seed_trace(seed));
+  std::mt19937_64 rng(seed);
+  const int64_t num_tokens = (int64_t(1) << 19) + 37;
+  const int64_t num_blocks = num_tokens / 16 - 1000;
+  run_and_compare(adaptive(
+      make_problem(rng, KvFormat::nvfp4, 64, 16, 1, Variant{false, false, false}, num_blocks, num_tokens, 0.01)));
+}
+
+// The rule is the layout's: a bf16 or fp8 layout refuses it before anything runs.
+TEST(GpuCacheWriteAdaptiveArgs, OnlyNvfp4LayoutsTakeTheAdaptiveRule) {
+  for (KvFormat f : {KvFormat::bf16, KvFormat::fp8_e4m3}) {
+    std::mt19937_64 rng(1);
+    Problem pb = make_problem(rng, f, 64, 16, 1, Variant{}, 2, 4);
+    pb.layout.nvfp4_scales = metrale::Nvfp4ScaleRule::adaptive;
+    int32_t skipped = 0;
+    EXPECT_THROW(mcuda::reshape_and_cache(args_for(pb, pb.kv_host.data(), pb.slots.data(), nullptr, nullptr, &skipped)),
+                 metrale::InvalidArgument)
+        << metrale::to_string(f);
+  }
+}
 
 // A cache of more than 4 GiB: pages past the 32-bit byte range are written
 // exactly like pages at its start (64-bit address math). The device cache is

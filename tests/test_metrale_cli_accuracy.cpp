@@ -1,7 +1,8 @@
 // `metrale accuracy` (apps/metrale/accuracy.hpp) on a small batch on the CPU
 // backend: every output finite, and the error ordered as the formats' bits
 // are (bf16 < fp8 < nvfp4); a per-tensor second scale g does not hurt NVFP4
-// on average. Also the model-like data keeps its promised structure.
+// on average; NVFP4's adaptive group scales cut the K, V and output errors of
+// max6 at the same bytes. Also the model-like data keeps its promised structure.
 #include <gtest/gtest.h>
 
 #if __has_include("accuracy.hpp")  // apps/ is built (METRALE_BUILD_APPS)
@@ -23,7 +24,7 @@ TEST(MetraleCliAccuracy, ErrorsAreFiniteAndOrderedByFormat) {
   o.seqs = 3;
   o.max_len = 300;
   const AccuracyReport r = run_accuracy(o, *make_cpu_backend());
-  ASSERT_EQ(r.rows.size(), 6u);
+  ASSERT_EQ(r.rows.size(), 10u);
   for (const AccuracyRow& row : r.rows) {
     SCOPED_TRACE(std::string(to_string(row.format)) + " " + row.calibration);
     EXPECT_EQ(row.error.nonfinite, 0);
@@ -38,6 +39,24 @@ TEST(MetraleCliAccuracy, ErrorsAreFiniteAndOrderedByFormat) {
   EXPECT_EQ(nvfp4_g1.scales.k_global_scale, 1.0f);
   EXPECT_FLOAT_EQ(nvfp4_g.scales.k_global_scale, r.k_absmax / (448.0f * 6.0f));
   EXPECT_FLOAT_EQ(fp8.scales.k_scale, r.k_absmax / 448.0f);
+  // Rows 3-5 max6, 6-8 adaptive under the same calibrations (g = 1, same
+  // batch, separate batch), 9 adaptive with g = absmax / 1792.
+  for (int i = 3; i < 6; ++i) {
+    const AccuracyRow &m = r.rows[size_t(i)], &a = r.rows[size_t(i + 3)];
+    SCOPED_TRACE(m.calibration);
+    EXPECT_EQ(m.nvfp4_scales, Nvfp4ScaleRule::max6);
+    EXPECT_EQ(a.nvfp4_scales, Nvfp4ScaleRule::adaptive);
+    EXPECT_EQ(a.calibration, m.calibration);
+    EXPECT_EQ(a.scales.k_global_scale, m.scales.k_global_scale);  // one calibration for both rules
+    EXPECT_EQ(a.kv_bytes_per_token, m.kv_bytes_per_token);
+    EXPECT_LT(a.k_rel_rms, m.k_rel_rms);
+    EXPECT_LT(a.v_rel_rms, 0.95 * m.v_rel_rms);
+    EXPECT_LT(a.error.mean_rel_l2, m.error.mean_rel_l2);
+    EXPECT_GT(m.k_rel_rms, fp8.k_rel_rms);
+  }
+  EXPECT_FLOAT_EQ(r.rows[9].scales.k_global_scale, r.calib_k_absmax / 1792.0f);
+  EXPECT_GT(fp8.k_rel_rms, 0.0);
+  EXPECT_EQ(bf16.k_rel_rms, 0.0);
 }
 
 // The GPU must give the same table up to rounding (same codes and scales,

@@ -4,7 +4,11 @@
 // and the NVFP4 per-tensor second scale g taken from the batch itself
 // (optimistic) or from a separate calibration batch (what an engine does:
 // values past the calibrated absmax saturate), and NVFP4 without g (the
-// E4M3 group scales alone must cover the range).
+// E4M3 group scales alone must cover the range), each NVFP4 choice under
+// both group-scale rules (max6, adaptive; one g calibration for both, and
+// adaptive with a 1.5x larger g beside it, docs/nvfp4_scales.md). Beside the
+// attention-output error, the quantization error of the K and V caches
+// themselves.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +32,11 @@ struct AccuracyOptions {
 
 struct AccuracyRow {
   KvFormat format = KvFormat::bf16;
-  std::string calibration;  // "-", "same batch", "separate batch", "none (g = 1)"
+  Nvfp4ScaleRule nvfp4_scales = Nvfp4ScaleRule::max6;  // nvfp4 only
+  std::string calibration;  // "-", "same batch", "separate batch", "none (g = 1)", "separate batch, g = amax/1792"
   KvScales scales;
-  int64_t clipped = 0;  // K and V values of the batch beyond the calibrated absmax
+  int64_t clipped = 0;  // K and V values of the batch the cache write saturates (codec::*_saturates)
+  double k_rel_rms = 0, v_rel_rms = 0;  // ||dequantised cache - bf16 rows||2 / ||bf16 rows||2 of K, of V
   double kv_bytes_per_token = 0;
   test::Comparison error;  // vs float64 attention over the original bf16 rows
   int32_t num_splits = 1;

@@ -13,9 +13,11 @@ std::unique_ptr<Backend> make_backend(bool force_cpu, std::string* reason) {
   return reason->empty() ? make_cuda_backend() : make_cpu_backend();
 }
 
-BatchDecode decode_batch(Backend& be, const HostBatch& b, KvFormat format, const KvScales& scales, int timed_reps) {
+BatchDecode decode_batch(Backend& be, const HostBatch& b, KvFormat format, const KvScales& scales, int timed_reps,
+                         Nvfp4ScaleRule nvfp4_scales) {
   BatchDecode r;
-  const KvCacheLayout layout = make_layout(format, b.shape, b.num_blocks);
+  KvCacheLayout layout = make_layout(format, b.shape, b.num_blocks);
+  if (nvfp4_scales != layout.nvfp4_scales) layout = layout.with_nvfp4_scales(nvfp4_scales);
   const size_t cache_bytes = size_t(layout.cache_bytes()), out_bytes = size_t(b.out_elems()) * sizeof(bf16);
   const Buffer key = be.copy_of(b.key.data(), b.key.size()), value = be.copy_of(b.value.data(), b.value.size()),
                q = be.copy_of(b.q.data(), b.q.size()), slots = be.copy_of(b.slot_mapping.data(), b.slot_mapping.size()),

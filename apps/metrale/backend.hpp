@@ -92,7 +92,8 @@ struct BatchDecode {
 // plan (plan_attention) and decode (run_attention) into a NaN-poisoned output, so
 // an unwritten element shows; copy the results out. `timed_reps` > 0
 // repeats the decode that often after the first and reports the median.
+// `nvfp4_scales`: the NVFP4 cache's group-scale rule (layout.nvfp4_scales).
 BatchDecode decode_batch(Backend& be, const HostBatch& b, KvFormat format, const KvScales& scales,
-                         int timed_reps = 0);
+                         int timed_reps = 0, Nvfp4ScaleRule nvfp4_scales = Nvfp4ScaleRule::max6);
 
 }  // namespace metrale::cli

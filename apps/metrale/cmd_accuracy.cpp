@@ -1,5 +1,6 @@
 // `metrale accuracy` (the comparison is accuracy.hpp): one table row per
-// format and calibration choice.
+// format, NVFP4 group-scale rule and calibration choice, then NVFP4's
+// adaptive rule against max6 per calibration.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -51,24 +52,30 @@ int run(Options& o) {
       rep.seq_lens.size(), with_commas(tokens).c_str(), rep.k_absmax, rep.v_absmax, rep.calib_k_absmax,
       rep.calib_v_absmax);
 
-  TextTable t({"format", "calibration", "KV B/token", "K scale", "V scale", "clipped", "max err", "mean err"},
-              {TextTable::Align::left, TextTable::Align::left});
+  TextTable t({"format", "scales", "calibration", "KV B/token", "K scale", "V scale", "clipped", "K err", "V err",
+               "max err", "mean err"},
+              {TextTable::Align::left, TextTable::Align::left, TextTable::Align::left});
   std::vector<std::vector<std::string>> csv;
   nlohmann::json rows = nlohmann::json::array();
   int status = 0;
   for (const AccuracyRow& r : rep.rows) {
     const bool bad = r.error.nonfinite > 0;
     if (bad) status = 2;
-    t.add_row({to_string(r.format), r.calibration, format("%.0f", r.kv_bytes_per_token), scale_str(r, true),
-               scale_str(r, false), with_commas(r.clipped),
+    const std::string rule = r.format == KvFormat::nvfp4 ? to_string(r.nvfp4_scales) : "-";
+    const bool quantized = r.format != KvFormat::bf16;
+    t.add_row({to_string(r.format), rule, r.calibration, format("%.0f", r.kv_bytes_per_token), scale_str(r, true),
+               scale_str(r, false), with_commas(r.clipped), quantized ? format("%.2e", r.k_rel_rms) : "-",
+               quantized ? format("%.2e", r.v_rel_rms) : "-",
                bad ? format("%lld NaN/Inf", (long long)r.error.nonfinite) : format("%.2e", r.error.worst_rel_l2),
                bad ? "-" : format("%.2e", r.error.mean_rel_l2)});
-    csv.push_back({backend, to_string(r.format), r.calibration, format("%.0f", r.kv_bytes_per_token),
+    csv.push_back({backend, to_string(r.format), rule, r.calibration, format("%.0f", r.kv_bytes_per_token),
                    format("%.9g", r.scales.k_scale), format("%.9g", r.scales.v_scale),
                    format("%.9g", r.scales.k_global_scale), format("%.9g", r.scales.v_global_scale),
-                   std::to_string(r.clipped), format("%.6e", r.error.worst_rel_l2), format("%.6e", r.error.mean_rel_l2),
+                   std::to_string(r.clipped), format("%.6e", r.k_rel_rms), format("%.6e", r.v_rel_rms),
+                   format("%.6e", r.error.worst_rel_l2), format("%.6e", r.error.mean_rel_l2),
                    std::to_string(r.error.nonfinite)});
     rows.push_back({{"format", to_string(r.format)},
+                    {"nvfp4_scales", rule},
                     {"calibration", r.calibration},
                     {"kv_bytes_per_token", r.kv_bytes_per_token},
                     {"k_scale", r.scales.k_scale},
@@ -76,6 +83,8 @@ int run(Options& o) {
                     {"k_global_scale", r.scales.k_global_scale},
                     {"v_global_scale", r.scales.v_global_scale},
                     {"clipped", r.clipped},
+                    {"k_rel_rms", r.k_rel_rms},
+                    {"v_rel_rms", r.v_rel_rms},
                     {"num_splits", r.num_splits},
                     {"max_rel_l2", r.error.worst_rel_l2},
                     {"mean_rel_l2", r.error.mean_rel_l2},
@@ -83,13 +92,32 @@ int run(Options& o) {
                     {"nonfinite", r.error.nonfinite}});
   }
   std::fputs(t.render().c_str(), stdout);
+  // NVFP4 adaptive against max6 under the same calibration: error ratios.
+  std::printf("\nNVFP4 adaptive / max6 (same calibration):\n");
+  for (const AccuracyRow& a : rep.rows) {
+    if (a.format != KvFormat::nvfp4 || a.nvfp4_scales != Nvfp4ScaleRule::adaptive) continue;
+    for (const AccuracyRow& m : rep.rows) {
+      if (m.format != KvFormat::nvfp4 || m.nvfp4_scales != Nvfp4ScaleRule::max6) continue;
+      if (a.calibration.rfind(m.calibration, 0) != 0) continue;  // "separate batch, g = ..." -> "separate batch"
+      const auto ratio = [](double x, double y) { return y > 0 ? format("%.3f", x / y) : std::string("-"); };
+      std::printf("  %-30s K err x%s, V err x%s, mean err x%s, max err x%s\n", a.calibration.c_str(),
+                  ratio(a.k_rel_rms, m.k_rel_rms).c_str(), ratio(a.v_rel_rms, m.v_rel_rms).c_str(),
+                  ratio(a.error.mean_rel_l2, m.error.mean_rel_l2).c_str(),
+                  ratio(a.error.worst_rel_l2, m.error.worst_rel_l2).c_str());
+      break;
+    }
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "\nmax/mean err: rel. L2 error ||out - ref||2 / ||ref||2 per (sequence, q head), max and mean over the\n"
       "  blocks; ref is float64 attention over the ORIGINAL bf16 K/V rows, so the bf16 row is the output\n"
       "  rounding alone and the others add what their cache costs.\n"
-      "K/V scale: fp8 per-tensor scale (absmax / 448); nvfp4 per-tensor second scale g (absmax / 2688).\n"
-      "clipped: K and V values of the batch past the calibrated absmax (they saturate in the cache).\n"
+      "scales: the NVFP4 group-scale rule: max6 maps each 16-value group's absmax to 6 (the spec's), adaptive\n"
+      "  keeps the better of 6 and 4 by squared error (docs/nvfp4_scales.md); same bytes, same decode.\n"
+      "K/V scale: fp8 per-tensor scale (absmax / 448); nvfp4 per-tensor second scale g (absmax / 2688, both\n"
+      "  rules; the last row: absmax / 1792, so that every group could map its absmax to 4 unclamped).\n"
+      "clipped: K and V values the cache write saturates (past the largest E4M3 scale: fp8 absmax * 464/448).\n"
+      "K/V err: rel. RMS error of the dequantised K and V caches against the bf16 rows, over all elements.\n"
       "done in %.1f s\n",
       secs);
 
@@ -112,8 +140,9 @@ int run(Options& o) {
   j["rows"] = rows;
   j["seconds"] = secs;
   o.out.write(j,
-              {"backend", "format", "calibration", "kv_bytes_per_token", "k_scale", "v_scale", "k_global_scale",
-               "v_global_scale", "clipped", "max_rel_l2", "mean_rel_l2", "nonfinite"},
+              {"backend", "format", "nvfp4_scales", "calibration", "kv_bytes_per_token", "k_scale", "v_scale",
+               "k_global_scale", "v_global_scale", "clipped", "k_rel_rms", "v_rel_rms", "max_rel_l2", "mean_rel_l2",
+               "nonfinite"},
               csv);
   return status;
 }
@@ -123,7 +152,9 @@ int run(Options& o) {
 void add_accuracy_command(CLI::App& app, int* status) {
   auto o = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand(
-      "accuracy", "Attention-output error of FP8 and NVFP4 caches vs BF16 on model-like K/V, per calibration choice");
+      "accuracy",
+      "Attention-output error of FP8 and NVFP4 caches vs BF16 on model-like K/V, per calibration choice and NVFP4 "
+      "scale rule");
   sub->add_flag("--cpu", o->force_cpu, "Use the CPU reference backend even when a GPU is usable");
   sub->add_option("--seqs", o->acc.seqs, "Sequences in the batch")->check(CLI::Range(1, 1024))->capture_default_str();
   sub->add_option("--max-len", o->acc.max_len, "Longest sequence; the others are shorter")

@@ -20,6 +20,22 @@ const char* to_string(KvFormat f);
 // Inverse of to_string; throws InvalidArgument.
 KvFormat kv_format_from_string(const std::string& name);
 
+// How an NVFP4 cache chooses each 16-value group's E4M3 scale (SYSTEM.md 2,
+// docs/nvfp4_scales.md). Both decode with the same rule x = e2m1 * s * g, so
+// the bytes, the attention kernels and the calibration of g do not depend on
+// it; only the cache write does.
+enum class Nvfp4ScaleRule : uint8_t {
+  max6 = 0,      // the spec's rule: the group's absmax maps to 6
+  adaptive = 1,  // per group the better of the absmax mapped to 6 and to 4, by squared error; a tie keeps max6
+};
+
+// "max6", "adaptive".
+const char* to_string(Nvfp4ScaleRule r);
+// Inverse of to_string; throws InvalidArgument listing the names.
+Nvfp4ScaleRule nvfp4_scale_rule_from_string(const std::string& name);
+// "max6 or adaptive".
+std::string nvfp4_scale_rule_names();
+
 // head_dim and block_size values the kernels are built for.
 constexpr int kSupportedHeadDims[] = {64, 128, 256};
 constexpr int kSupportedBlockSizes[] = {16, 32, 64, 128};
@@ -38,6 +54,8 @@ struct KvCacheLayout {
   int32_t head_dim = 0;            // D
   int64_t page_stride_bytes = 0;   // bytes from one page to the next (>= page payload)
   int64_t data_section_bytes = 0;  // nvfp4: offset of the scale section in a page; others: the payload bytes
+  // nvfp4: how the cache write chooses the group scales; other formats: max6 only.
+  Nvfp4ScaleRule nvfp4_scales = Nvfp4ScaleRule::max6;
 
   // Any format (metrale/format.hpp): page_stride_bytes and
   // data_section_bytes 0 mean dense (codes, then the scales if any).
@@ -51,6 +69,9 @@ struct KvCacheLayout {
                            int64_t cache_stride_elems = 0);
   static KvCacheLayout nvfp4(int64_t num_blocks, int32_t block_size, int32_t num_kv_heads, int32_t head_dim,
                              int64_t block_stride_bytes = 0, int64_t data_section_bytes = 0);
+
+  // This layout with the NVFP4 scale rule `r` (validated: NVFP4 only takes adaptive).
+  KvCacheLayout with_nvfp4_scales(Nvfp4ScaleRule r) const;
 
   // Throws InvalidArgument / Unsupported naming the offending field.
   void validate() const;
@@ -81,6 +102,10 @@ struct KvCacheView {
 
 // Calibration: per-tensor scales from a running absmax (docs/spec.md 1, 2).
 // An absmax of 0 (nothing observed) gives scale 1.
+// Both NVFP4 scale rules take the same g: under adaptive, a group within 2/3
+// of the absmax has its 4-candidate scale saturate to 448 (finite; the group
+// then maps its absmax to amax / (448 g), between 4 and 6), and the larger
+// g = absmax / (448 * 4) that would avoid it measured worse (docs/nvfp4_scales.md).
 float fp8_scale_from_absmax(float absmax);           // absmax / 448
 float nvfp4_global_scale_from_absmax(float absmax);  // absmax / (448 * 6)
 

@@ -7,6 +7,7 @@
 // host and device (no fused or approximate operations are involved).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -14,6 +15,13 @@
 #define METRALE_HD __host__ __device__ __forceinline__
 #else
 #define METRALE_HD inline
+#endif
+// Full unrolling of a short constant loop in device code (so that its
+// arrays stay in registers); nothing on the host.
+#if defined(__CUDA_ARCH__)
+#define METRALE_UNROLL _Pragma("unroll")
+#else
+#define METRALE_UNROLL
 #endif
 
 namespace metrale {
@@ -137,28 +145,111 @@ METRALE_HD uint8_t e2m1_rne_satfinite(float x) {
 // ---- NVFP4: one E4M3 scale per 16 consecutive head_dim elements ----
 constexpr int kNvfp4GroupSize = 16;
 
-// Quantizes one group of 16 values (already converted from bf16 to f32).
-// `global_scale` is the per-tensor second scale g (1.0 = none); it must be a
-// finite positive f32. Writes 8 packed bytes (element 2i in bits 0-3) and
-// returns the E4M3 scale code.
-METRALE_HD uint8_t nvfp4_quantize_group(const float* x, float global_scale, uint8_t* packed) {
+// The largest |x| of a group, NaN if any element is NaN.
+METRALE_HD float nvfp4_group_amax(const float* x) {
   float amax = 0.0f;
   bool nan = false;
+  METRALE_UNROLL
   for (int i = 0; i < kNvfp4GroupSize; ++i) {
     const float a = f32_from_bits(f32_bits(x[i]) & 0x7fffffffu);
     nan |= (a != a);
     amax = a > amax ? a : amax;
   }
-  if (nan) amax = f32_from_bits(0x7fc00000u);
-  const uint8_t s = e4m3_rne_satfinite(amax / (6.0f * global_scale));
+  return nan ? f32_from_bits(0x7fc00000u) : amax;
+}
+
+// The codes of a group for the E4M3 scale code `s` (the spec's steps after
+// the scale): s == 0 gives every code 0; else inv = 1.0f / (float(s) * g)
+// and code_i = e2m1_rne_satfinite(x_i * inv). 8 packed bytes, element 2i in
+// bits 0-3.
+METRALE_HD void nvfp4_encode_group(const float* x, uint8_t s, float global_scale, uint8_t* packed) {
   const bool zero = (s & 0x7fu) == 0;
   const float inv = zero ? 0.0f : 1.0f / (e4m3_to_float(s) * global_scale);
+  METRALE_UNROLL
   for (int i = 0; i < kNvfp4GroupSize; i += 2) {
     const uint8_t lo = zero ? 0 : e2m1_rne_satfinite(x[i] * inv);
     const uint8_t hi = zero ? 0 : e2m1_rne_satfinite(x[i + 1] * inv);
     packed[i / 2] = uint8_t(lo | (hi << 4));
   }
+}
+
+// Quantizes one group of 16 values (already converted from bf16 to f32) by
+// the spec's rule (Nvfp4ScaleRule::max6): s = e4m3_rne_satfinite(amax / (6 g)).
+// `global_scale` is the per-tensor second scale g (1.0 = none); it must be a
+// finite positive f32. Writes 8 packed bytes (element 2i in bits 0-3) and
+// returns the E4M3 scale code.
+METRALE_HD uint8_t nvfp4_quantize_group(const float* x, float global_scale, uint8_t* packed) {
+  const uint8_t s = e4m3_rne_satfinite(nvfp4_group_amax(x) / (6.0f * global_scale));
+  nvfp4_encode_group(x, s, global_scale, packed);
   return s;
+}
+
+// f32 operations the compilers may not fuse with their neighbours: nvcc
+// contracts a * b + c into an FMA by default, and so does a host compiler on
+// an FMA target under -ffp-contract=fast (GCC's default for GNU C++), which
+// would round a product the rule rounds. fma_rn is the one fused operation
+// the rule takes, spelled out.
+METRALE_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  volatile float p = a * b;
+  return p;
+#endif
+}
+METRALE_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// The squared error of a group's codes `packed` (scale code s, nonzero and
+// not NaN) in units of its scale, float(s)^2 * sum_i (w_i - c_i)^2, where
+// w_i = |x_i| * inv is the quantizer's own product (inv = 1.0f / (float(s) *
+// g), rounded to f32) and c_i = |e2m1 value of code i|. Wherever two
+// candidates are compared each difference is exact (c_i is w_i rounded to the
+// E2M1 grid, or 6 below a w_i of at most 9: Sterbenz, or c_i = 0); the
+// squares are summed in element order, each by one FMA, and the sum is
+// scaled by float(s)^2 (exact) in one rounding. Times g^2 it is the squared
+// error of the dequantised group up to those roundings, and g is common to
+// the candidates compared.
+METRALE_HD float nvfp4_group_sq_error(const float* x, uint8_t s, float global_scale, const uint8_t* packed) {
+  const float sf = e4m3_to_float(s);
+  const float inv = 1.0f / (sf * global_scale);
+  float acc = 0.0f;
+  METRALE_UNROLL
+  for (int i = 0; i < kNvfp4GroupSize; ++i) {
+    const float w = mul_rn(f32_from_bits(f32_bits(x[i]) & 0x7fffffffu), inv);
+    const float c = e2m1_to_float(uint8_t((packed[i / 2] >> (4 * (i & 1))) & 7u));
+    acc = fma_rn(w - c, w - c, acc);
+  }
+  return mul_rn(sf * sf, acc);
+}
+
+// Quantizes one group by Nvfp4ScaleRule::adaptive ("Four Over Six"): the
+// spec's scale s6 = e4m3_rne_satfinite(amax / (6 g)) and the candidate s4 =
+// e4m3_rne_satfinite(amax / (4 g)) (the absmax mapped to 4, a scale about
+// 1.5x larger), each encoded as the spec does (nvfp4_encode_group); s4 and
+// its codes are kept when nvfp4_group_sq_error(s4) < nvfp4_group_sq_error(s6),
+// otherwise (ties included) s6 and its codes. A group whose s6 is 0 or NaN
+// keeps max6's result (all codes 0), as does one where s4 == s6 (same
+// codes). Same arguments and result as nvfp4_quantize_group.
+METRALE_HD uint8_t nvfp4_quantize_group_adaptive(const float* x, float global_scale, uint8_t* packed) {
+  const float amax = nvfp4_group_amax(x);
+  const uint8_t s6 = e4m3_rne_satfinite(amax / (6.0f * global_scale));
+  nvfp4_encode_group(x, s6, global_scale, packed);
+  if ((s6 & 0x7fu) == 0 || s6 == kE4M3NaN) return s6;
+  const uint8_t s4 = e4m3_rne_satfinite(amax / (4.0f * global_scale));
+  if (s4 == s6) return s6;
+  uint8_t packed4[kNvfp4GroupSize / 2];
+  nvfp4_encode_group(x, s4, global_scale, packed4);
+  if (!(nvfp4_group_sq_error(x, s4, global_scale, packed4) < nvfp4_group_sq_error(x, s6, global_scale, packed)))
+    return s6;
+  METRALE_UNROLL
+  for (int i = 0; i < kNvfp4GroupSize / 2; ++i) packed[i] = packed4[i];
+  return s4;
 }
 
 // ---- Saturation: a value past the range its scales were calibrated for ----

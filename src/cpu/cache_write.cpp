@@ -42,10 +42,10 @@ int64_t reshape_and_cache(const CacheWriteArgs& a) {
       const bf16* key = a.key + j * a.key_stride;
       const bf16* value = a.value + j * a.value_stride;
       for (int64_t h = 0; h < H; ++h) {
-        local_k_sat += detail::quantize_row(f, key + h * k_hs, D, k_tensor, k_base + codes + h * code_bytes,
-                                            k_base + scales + h * scale_bytes);
-        local_v_sat += detail::quantize_row(f, value + h * v_hs, D, v_tensor, v_base + codes + h * code_bytes,
-                                            v_base + scales + h * scale_bytes);
+        local_k_sat += detail::quantize_row(f, key + h * k_hs, D, k_tensor, l.nvfp4_scales,
+                                            k_base + codes + h * code_bytes, k_base + scales + h * scale_bytes);
+        local_v_sat += detail::quantize_row(f, value + h * v_hs, D, v_tensor, l.nvfp4_scales,
+                                            v_base + codes + h * code_bytes, v_base + scales + h * scale_bytes);
       }
     }
     if (local_skipped) skipped.fetch_add(local_skipped, std::memory_order_relaxed);

@@ -63,10 +63,11 @@ inline void dequant_row(const KvFormatDesc& f, const uint8_t* page, const KvCach
 // Quantizes n bf16 values (whole rows: n is a multiple of the group size)
 // into codes (and group scales) with the codecs of metrale/codec.hpp;
 // `tensor` is the per-tensor scale (fp8: x = code * tensor; nvfp4: the
-// global scale). Bit-identical to the GPU cache write. Returns the number of
-// saturated values (codec::fp8_saturates / nvfp4_saturates; 0 for bf16).
-inline int64_t quantize_row(const KvFormatDesc& f, const bf16* src, int64_t n, float tensor, uint8_t* codes,
-                            uint8_t* scales) {
+// global scale; `rule` how NVFP4 groups choose their scale). Bit-identical
+// to the GPU cache write. Returns the number of saturated values
+// (codec::fp8_saturates / nvfp4_saturates; 0 for bf16).
+inline int64_t quantize_row(const KvFormatDesc& f, const bf16* src, int64_t n, float tensor, Nvfp4ScaleRule rule,
+                            uint8_t* codes, uint8_t* scales) {
   int64_t saturated = 0;
   switch (f.code) {
     case KvCode::bf16:
@@ -87,7 +88,9 @@ inline int64_t quantize_row(const KvFormatDesc& f, const bf16* src, int64_t n, f
       float x[G];
       for (int64_t g = 0; g < n / G; ++g) {
         for (int i = 0; i < G; ++i) x[i] = codec::bf16_to_float(src[g * G + i]);
-        scales[g] = codec::nvfp4_quantize_group(x, tensor, codes + g * (G / 2));
+        uint8_t* packed = codes + g * (G / 2);
+        scales[g] = rule == Nvfp4ScaleRule::adaptive ? codec::nvfp4_quantize_group_adaptive(x, tensor, packed)
+                                                     : codec::nvfp4_quantize_group(x, tensor, packed);
         if (codec::e4m3_code_may_saturate(scales[g]))
           for (int i = 0; i < G; ++i) saturated += codec::nvfp4_saturates(x[i], six_g);
       }

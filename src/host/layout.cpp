@@ -40,6 +40,29 @@ KvCacheLayout KvCacheLayout::nvfp4(int64_t num_blocks, int32_t block_size, int32
               data_section_bytes);
 }
 
+const char* to_string(Nvfp4ScaleRule r) {
+  switch (r) {
+    case Nvfp4ScaleRule::max6: return "max6";
+    case Nvfp4ScaleRule::adaptive: return "adaptive";
+  }
+  return "unknown";
+}
+
+std::string nvfp4_scale_rule_names() { return "max6 or adaptive"; }
+
+Nvfp4ScaleRule nvfp4_scale_rule_from_string(const std::string& name) {
+  for (Nvfp4ScaleRule r : {Nvfp4ScaleRule::max6, Nvfp4ScaleRule::adaptive})
+    if (name == to_string(r)) return r;
+  detail::throw_invalid("nvfp4_scales", name, nvfp4_scale_rule_names());
+}
+
+KvCacheLayout KvCacheLayout::with_nvfp4_scales(Nvfp4ScaleRule r) const {
+  KvCacheLayout l = *this;
+  l.nvfp4_scales = r;
+  l.validate();
+  return l;
+}
+
 void KvCacheLayout::validate() const {
   using detail::throw_unsupported;
   if (int(format) >= kNumKvFormats) throw_unsupported("layout.format", int(format), kv_format_enumerators());
@@ -63,6 +86,11 @@ void KvCacheLayout::validate() const {
                     ">= data_section_bytes + scale bytes = " + std::to_string(data_section_bytes + scales));
   METRALE_CHECK_ARG(page_stride_bytes % 16 == 0, "layout.page_stride_bytes", page_stride_bytes,
                     "a multiple of 16 bytes (16-byte vector loads)");
+  METRALE_CHECK_ARG(nvfp4_scales == Nvfp4ScaleRule::max6 || nvfp4_scales == Nvfp4ScaleRule::adaptive,
+                    "layout.nvfp4_scales", int(nvfp4_scales), "max6 (0) or adaptive (1)");
+  METRALE_CHECK_ARG(format == KvFormat::nvfp4 || nvfp4_scales == Nvfp4ScaleRule::max6, "layout.nvfp4_scales",
+                    to_string(nvfp4_scales),
+                    std::string("max6 for a ") + f.name + " cache (the rule chooses NVFP4 group scales)");
   if (f.group_size == 0)
     METRALE_CHECK_ARG(data_section_bytes == data, "layout.data_section_bytes", data_section_bytes,
                       "exactly the page payload " + std::to_string(data) + " for a format without scales");

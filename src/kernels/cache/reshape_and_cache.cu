@@ -34,6 +34,13 @@
 //    fast-math: the one f32 add (E2M1 rounding) is an explicit __fadd_rn, so
 //    no product is contracted into an FMA, and nvcc's default f32 division
 //    is IEEE round-to-nearest.
+//  * An NVFP4 cache whose layout takes Nvfp4ScaleRule::adaptive quantizes
+//    each group twice (absmax mapped to 6 and to 4) and keeps the smaller
+//    squared error (fastq::nvfp4_quantize_2groups_adaptive_unit, or _codec
+//    for an extreme g; bit-identical to codec::nvfp4_quantize_group_adaptive,
+//    kernels/cache/quantize_adaptive.cuh) in its own kernel over the unit
+//    route's body, so max6's kernels are untouched and adaptive adds three
+//    small instantiations (packed / head-strided heads, extreme g).
 //  * A slot < 0 is padding (skipped). A slot >= capacity is skipped and
 //    counted: the thread holding a token's first chunk counts it; counts are
 //    summed per warp and added with one atomicAdd per warp that saw any.
@@ -53,6 +60,7 @@
 #include <cstdint>
 
 #include "host/validate.hpp"
+#include "kernels/cache/quantize_adaptive.cuh"
 #include "kernels/cache/quantize_fast.cuh"
 #include "kernels/common/cuda_check.hpp"
 #include "kernels/formats/bf16.cuh"
@@ -196,9 +204,16 @@ __device__ __forceinline__ uint4 ldg_nc_v4_early(const void* ptr) {
   return r;
 }
 
-// NVFP4 for global scales that pass fastq::nvfp4_unit_route_ok (every
-// ordinary g; the host checks K's and V's once per launch, otherwise
-// reshape_and_cache_kernel<Nvfp4Format> runs). Same work split
+// The NVFP4 unit route's quantizers: max6 (fastq::nvfp4_quantize_2groups_unit)
+// and adaptive (fastq::nvfp4_quantize_2groups_adaptive_unit) for global
+// scales that pass fastq::nvfp4_unit_route_ok; adaptive through the codec
+// (fastq::nvfp4_quantize_2groups_adaptive_codec) for the others.
+enum class UnitQuant { max6, adaptive, adaptive_codec };
+
+// The NVFP4 write for global scales that pass fastq::nvfp4_unit_route_ok
+// (every ordinary g; the host checks K's and V's once per launch, otherwise
+// max6 takes reshape_and_cache_kernel<Nvfp4Format> and adaptive
+// UnitQuant::adaptive_codec). Same work split
 // (for_each_chunk, 32-element chunks), with the chunk index taken over a
 // token's whole K (or V) row: heads are contiguous in the input
 // row and in the page (row (t*H + h) * D/2 bytes of codes, D/16 of scales),
@@ -207,8 +222,8 @@ __device__ __forceinline__ uint4 ldg_nc_v4_early(const void* ptr) {
 // bits (block_size <= 128, H*D/2 <= 2^17). kPackedHeads: the input's heads
 // are packed too (head stride D), so the source is src + 32c; otherwise
 // chunk c is chunk c % (D/32) of head c / (D/32) there.
-template <bool kPackedHeads>
-__global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_constant__ CacheWriteParams p) {
+template <bool kPackedHeads, UnitQuant kQuant>
+__device__ __forceinline__ void nvfp4_unit_write(const CacheWriteParams& p) {
   const int32_t cpr = p.chunks_per_token >> 1;  // chunks of one K (or V) token row
   const int32_t offset_mask = (1 << p.log2_block_size) - 1;
   for_each_chunk<true>(p, [&](int64_t token, int32_t rem, WriteCounts& counts) {
@@ -233,7 +248,12 @@ __global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_const
                             r2.x, r2.y, r2.z, r2.w, r3.x, r3.y, r3.z, r3.w};
     uint32_t packed[4];
     uint8_t s[2];
-    fastq::nvfp4_quantize_2groups_unit(w, is_v ? p.v_six_g : p.k_six_g, is_v ? p.v_param : p.k_param, packed, s);
+    if (kQuant == UnitQuant::max6)
+      fastq::nvfp4_quantize_2groups_unit(w, is_v ? p.v_six_g : p.k_six_g, is_v ? p.v_param : p.k_param, packed, s);
+    else if (kQuant == UnitQuant::adaptive)
+      fastq::nvfp4_quantize_2groups_adaptive_unit(w, is_v ? p.v_param : p.k_param, packed, s);
+    else
+      fastq::nvfp4_quantize_2groups_adaptive_codec(w, is_v ? p.v_param : p.k_param, packed, s);
     if (!slot_in_cache(p, slot, rem, counts)) return;
     const int64_t block = slot >> p.log2_block_size;
     const int32_t offset = int32_t(slot) & offset_mask;
@@ -247,6 +267,21 @@ __global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_const
       (is_v ? counts.v_saturated : counts.k_saturated) +=
           kernels::Nvfp4Format::chunk_saturated(src, may, is_v ? p.v_param : p.k_param);
   });
+}
+
+template <bool kPackedHeads>
+__global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_constant__ CacheWriteParams p) {
+  nvfp4_unit_write<kPackedHeads, UnitQuant::max6>(p);
+}
+
+// Adaptive's two encodings per group hold more values live: the unit
+// route's at most 64 registers (4 blocks of 256 threads per SM, against
+// max6's 5; without the bound ptxas takes 79). The rare codec route keeps
+// the default bound, under which its f32 copy of the groups does not spill.
+template <bool kPackedHeads, UnitQuant kQuant>
+__global__ void __launch_bounds__(kThreads, kQuant == UnitQuant::adaptive ? 4 : 1)
+    nvfp4_adaptive_kernel(const __grid_constant__ CacheWriteParams p) {
+  nvfp4_unit_write<kPackedHeads, kQuant>(p);
 }
 
 int log2_exact(int64_t v) {
@@ -311,18 +346,29 @@ void reshape_and_cache(const CacheWriteArgs& args, Stream stream) {
   switch (l.format) {
     case KvFormat::bf16: return launch<kernels::Bf16Format>(p, sc, s, "reshape_and_cache<bf16>");
     case KvFormat::fp8_e4m3: return launch<kernels::Fp8Format>(p, sc, s, "reshape_and_cache<fp8>");
-    case KvFormat::nvfp4:
-      if (fastq::nvfp4_unit_route_ok(sc.k_global_scale) && fastq::nvfp4_unit_route_ok(sc.v_global_scale)) {
-        p.k_six_g = 6.0f * sc.k_global_scale;  // the codec's f32 product
-        p.v_six_g = 6.0f * sc.v_global_scale;
-        p.row_code_bytes = p.num_kv_heads * int32_t(kernels::Nvfp4Format::kDesc.row_code_bytes(p.head_dim));
-        p.row_scale_bytes = p.num_kv_heads * int32_t(kernels::Nvfp4Format::kDesc.row_scale_bytes(p.head_dim));
-        if (p.key_head_stride == p.head_dim && p.value_head_stride == p.head_dim)
-          return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4>", nvfp4_unit_kernel<true>);
-        return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, head-strided>",
-                                            nvfp4_unit_kernel<false>);
-      }
-      return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, extreme global scale>");
+    case KvFormat::nvfp4: {
+      const bool adaptive = l.nvfp4_scales == Nvfp4ScaleRule::adaptive;
+      const bool unit = fastq::nvfp4_unit_route_ok(sc.k_global_scale) && fastq::nvfp4_unit_route_ok(sc.v_global_scale);
+      if (!adaptive && !unit)
+        return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, extreme global scale>");
+      p.k_six_g = 6.0f * sc.k_global_scale;  // the codec's f32 product
+      p.v_six_g = 6.0f * sc.v_global_scale;
+      p.row_code_bytes = p.num_kv_heads * int32_t(kernels::Nvfp4Format::kDesc.row_code_bytes(p.head_dim));
+      p.row_scale_bytes = p.num_kv_heads * int32_t(kernels::Nvfp4Format::kDesc.row_scale_bytes(p.head_dim));
+      const bool packed = p.key_head_stride == p.head_dim && p.value_head_stride == p.head_dim;
+      using Q = UnitQuant;
+      if (!adaptive)
+        return packed ? launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4>", nvfp4_unit_kernel<true>)
+                      : launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, head-strided>",
+                                                     nvfp4_unit_kernel<false>);
+      if (!unit)  // the head-strided indexing serves packed heads too
+        return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, adaptive, extreme global scale>",
+                                            nvfp4_adaptive_kernel<false, Q::adaptive_codec>);
+      return packed ? launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, adaptive>",
+                                                   nvfp4_adaptive_kernel<true, Q::adaptive>)
+                    : launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, adaptive, head-strided>",
+                                                   nvfp4_adaptive_kernel<false, Q::adaptive>);
+    }
   }
 }
 
