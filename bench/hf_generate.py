@@ -73,7 +73,10 @@ def _set_impl(model, impl: str) -> None:
 def _new_cache(model, impl: str, fmt: Optional[str], batch: int, max_len: int, block_size: int):
     if impl == "metrale":
         import metrale.transformers as mt
-        return mt.PagedCache(model.config, fmt, max_batch_size=batch, max_cache_len=max_len, block_size=block_size)
+        # "nvfp4-adaptive": an NVFP4 cache whose writes take the adaptive group scales
+        fmt, _, rule = fmt.partition("-")
+        return mt.PagedCache(model.config, fmt, max_batch_size=batch, max_cache_len=max_len, block_size=block_size,
+                             nvfp4_scales=rule or "max6")
     from transformers import DynamicCache
     return DynamicCache(config=model.config)
 
@@ -137,7 +140,7 @@ def token_agreement(gen, tokens, ref) -> dict:
             "seqs_identical": int((prefix == steps).sum()), "mean_prefix": float(prefix.mean())}
 
 
-def compare(model, ids, mask, new_tokens: int, formats: Sequence[str] = ("bf16", "fp8", "nvfp4"),
+def compare(model, ids, mask, new_tokens: int, formats: Sequence[str] = ("bf16", "fp8", "nvfp4", "nvfp4-adaptive"),
             block_size: int = 16, eager: bool = True) -> Dict[str, dict]:
     """Every figure of the report, as a dict per implementation ('sdpa', 'eager', 'metrale-<fmt>')."""
     width = ids.shape[1]
@@ -174,7 +177,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--prompt-lens", default="64,2048,300,1024,130,777,1500,512")
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--formats", default="bf16,fp8,nvfp4")
+    ap.add_argument("--formats", default="bf16,fp8,nvfp4,nvfp4-adaptive",
+                    help="comma list of bf16, fp8, nvfp4, nvfp4-adaptive (NVFP4 with adaptive group scales)")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager baseline (its memory is O(L^2))")
     a = ap.parse_args(argv)
     lens = [int(x) for x in a.prompt_lens.split(",")]

@@ -20,7 +20,7 @@ const char* to_string(KvFormat f);
 // Inverse of to_string; throws InvalidArgument.
 KvFormat kv_format_from_string(const std::string& name);
 
-// How an NVFP4 cache chooses each 16-value group's E4M3 scale (SYSTEM.md 2,
+// How an NVFP4 cache chooses each 16-value group's E4M3 scale (docs/spec.md 2,
 // docs/nvfp4_scales.md). Both decode with the same rule x = e2m1 * s * g, so
 // the bytes, the attention kernels and the calibration of g do not depend on
 // it; only the cache write does.

@@ -71,12 +71,18 @@ def make_layout(
     cache_stride: int = 0,
     block_stride_bytes: int = 0,
     data_section_bytes: int = 0,
+    nvfp4_scales: str = "max6",
 ) -> KvCacheLayout:
     """The KvCacheLayout of one K (or V) cache of `format`, validated.
 
     ``cache_stride`` (fp8, elements per page) and ``block_stride_bytes`` /
     ``data_section_bytes`` (nvfp4) give padded pages; 0 means dense.
+    ``nvfp4_scales``: how an NVFP4 write picks each group's scale, "max6" (the
+    absmax maps to 6) or "adaptive" (the better of 6 and 4 by squared error;
+    docs/nvfp4_scales.md); other formats take only "max6".
     """
+    if not isinstance(nvfp4_scales, str):
+        raise TypeError(f"'nvfp4_scales': expected a str ('max6' or 'adaptive'), got {type(nvfp4_scales).__name__}")
     f = _format(format)
     if f == KvFormat.bf16:
         layout = KvCacheLayout.bf16(num_blocks, block_size, num_kv_heads, head_dim)
@@ -85,6 +91,8 @@ def make_layout(
     else:
         layout = KvCacheLayout.nvfp4(num_blocks, block_size, num_kv_heads, head_dim, block_stride_bytes,
                                      data_section_bytes)
+    if nvfp4_scales != "max6" or f == KvFormat.nvfp4:
+        layout = layout.with_nvfp4_scales(nvfp4_scales)  # ValueError for a bad name or a non-NVFP4 format
     layout.validate()
     return layout
 

@@ -89,11 +89,13 @@ class PagedKVCache:
     def __init__(self, format: Union[str, KvFormat], num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, num_layers: int = 1, device: Any = "cpu", *, cache_stride: int = 0,
                  block_stride_bytes: int = 0, data_section_bytes: int = 0, k_scale: float = 1.0,
-                 v_scale: float = 1.0, k_global_scale: float = 1.0, v_global_scale: float = 1.0):
+                 v_scale: float = 1.0, k_global_scale: float = 1.0, v_global_scale: float = 1.0,
+                 nvfp4_scales: str = "max6"):
         if not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"'num_layers' = {num_layers!r}; expected an int >= 1")
         self.layout = make_layout(format, num_blocks, block_size, num_kv_heads, head_dim, cache_stride=cache_stride,
-                                  block_stride_bytes=block_stride_bytes, data_section_bytes=data_section_bytes)
+                                  block_stride_bytes=block_stride_bytes, data_section_bytes=data_section_bytes,
+                                  nvfp4_scales=nvfp4_scales)
         self.num_layers = num_layers
         self._device = _parse_device(device)
         shape = (num_layers, 2, self.layout.num_blocks, self.layout.page_stride_bytes)

@@ -85,25 +85,26 @@ def _release() -> None:
 
 
 def _layout(format: str, k_cache: torch.Tensor, block_size: int, num_kv_heads: int, head_dim: int,
-            data_section_bytes: int):
+            data_section_bytes: int, nvfp4_scales: str = "max6"):
     """The KvCacheLayout of a cache given as its (num_blocks, page_stride_bytes) page buffer."""
     if k_cache.dim() != 2:
         raise ValueError(f"'k_cache': shape {tuple(k_cache.shape)}; expected the 2-D page buffer "
                          "(num_blocks, page_stride_bytes) (PagedKVCache.k(layer))")
     num_blocks, page_bytes = int(k_cache.shape[0]), int(k_cache.shape[1]) * k_cache.element_size()
     key = (str(format), num_blocks, page_bytes, int(block_size), int(num_kv_heads), int(head_dim),
-           int(data_section_bytes))
+           int(data_section_bytes), str(nvfp4_scales))
 
     def make():
         fmt = str(format).lower()
-        lay = make_layout(fmt, num_blocks, int(block_size), int(num_kv_heads), int(head_dim))
+        lay = make_layout(fmt, num_blocks, int(block_size), int(num_kv_heads), int(head_dim),
+                          nvfp4_scales=str(nvfp4_scales))
         if int(lay.page_stride_bytes) != page_bytes or data_section_bytes:  # padded pages
             if fmt in ("bf16", "bfloat16"):
                 raise ValueError(f"'k_cache': pages of {page_bytes} bytes; a bf16 layout's are "
                                  f"{int(lay.page_stride_bytes)} (dense)")
             lay = make_layout(fmt, num_blocks, int(block_size), int(num_kv_heads), int(head_dim),
                               cache_stride=page_bytes, block_stride_bytes=page_bytes,
-                              data_section_bytes=int(data_section_bytes))
+                              data_section_bytes=int(data_section_bytes), nvfp4_scales=str(nvfp4_scales))
         return lay
 
     return _LAYOUTS.get(key, make)
@@ -123,8 +124,9 @@ def _kv_heads_dim(key: torch.Tensor, num_kv_heads: int) -> int:
 
 
 def _write(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale,
-           data_section_bytes, saturated) -> None:
-    lay = _layout(format, k_cache, block_size, num_kv_heads, _kv_heads_dim(key, num_kv_heads), data_section_bytes)
+           data_section_bytes, nvfp4_scales, saturated) -> None:
+    lay = _layout(format, k_cache, block_size, num_kv_heads, _kv_heads_dim(key, num_kv_heads), data_section_bytes,
+                  nvfp4_scales)
     _metrale.reshape_and_cache(_dl(key), _dl(value), _dl(slot_mapping), lay, _dl(k_cache), _dl(v_cache),
                                scales_of(lay.format, k_scale, v_scale), None,
                                None if saturated is None else _dl(saturated), _stream(key))
@@ -137,16 +139,17 @@ def _write(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_k
 @torch.library.custom_op("metrale::reshape_and_cache", mutates_args=("k_cache", "v_cache"))
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, format: str, block_size: int, num_kv_heads: int, k_scale: float,
-                      v_scale: float, data_section_bytes: int = 0) -> None:
+                      v_scale: float, data_section_bytes: int = 0, nvfp4_scales: str = "max6") -> None:
     """metrale.reshape_and_cache as an operator (negative slots are padding; slots past the
-    capacity are skipped): key / value read where they lie (token and head strides)."""
+    capacity are skipped): key / value read where they lie (token and head strides);
+    ``nvfp4_scales`` is the NVFP4 group-scale rule ("max6" | "adaptive")."""
     _write(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale,
-           data_section_bytes, None)
+           data_section_bytes, nvfp4_scales, None)
 
 
 @reshape_and_cache.register_fake
 def _(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale,
-      data_section_bytes=0) -> None:
+      data_section_bytes=0, nvfp4_scales="max6") -> None:
     return None
 
 
@@ -154,16 +157,16 @@ def _(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_hea
 def reshape_and_cache_counted(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
                               k_cache: torch.Tensor, v_cache: torch.Tensor, format: str, block_size: int,
                               num_kv_heads: int, k_scale: float, v_scale: float, saturated: torch.Tensor,
-                              data_section_bytes: int = 0) -> None:
+                              data_section_bytes: int = 0, nvfp4_scales: str = "max6") -> None:
     """reshape_and_cache that also adds the write's clipped K and V elements to ``saturated``'s
     two int64 counters (no synchronisation)."""
     _write(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale,
-           data_section_bytes, saturated)
+           data_section_bytes, nvfp4_scales, saturated)
 
 
 @reshape_and_cache_counted.register_fake
 def _(key, value, slot_mapping, k_cache, v_cache, format, block_size, num_kv_heads, k_scale, v_scale, saturated,
-      data_section_bytes=0) -> None:
+      data_section_bytes=0, nvfp4_scales="max6") -> None:
     return None
 
 

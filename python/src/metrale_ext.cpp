@@ -259,6 +259,14 @@ NB_MODULE(_metrale, m) {
       .def_ro("head_dim", &KvCacheLayout::head_dim)
       .def_ro("page_stride_bytes", &KvCacheLayout::page_stride_bytes)
       .def_ro("data_section_bytes", &KvCacheLayout::data_section_bytes)
+      // The NVFP4 group-scale rule by name ("max6" | "adaptive", docs/nvfp4_scales.md).
+      .def_prop_ro("nvfp4_scales", [](const KvCacheLayout& l) { return std::string(to_string(l.nvfp4_scales)); })
+      .def(
+          "with_nvfp4_scales",
+          [](const KvCacheLayout& l, const std::string& rule) {
+            return l.with_nvfp4_scales(nvfp4_scale_rule_from_string(rule));
+          },
+          nb::arg("rule"))
       .def("validate", &KvCacheLayout::validate)
       .def_prop_ro("capacity_slots", &KvCacheLayout::capacity_slots)
       .def_prop_ro("cache_bytes", &KvCacheLayout::cache_bytes)
@@ -266,7 +274,8 @@ NB_MODULE(_metrale, m) {
       .def("__repr__", [](const KvCacheLayout& l) {
         return concat("KvCacheLayout(format=", to_string(l.format), ", num_blocks=", l.num_blocks,
                       ", block_size=", l.block_size, ", num_kv_heads=", l.num_kv_heads, ", head_dim=", l.head_dim,
-                      ", page_stride_bytes=", l.page_stride_bytes, ", data_section_bytes=", l.data_section_bytes, ")");
+                      ", page_stride_bytes=", l.page_stride_bytes, ", data_section_bytes=", l.data_section_bytes,
+                      l.format == KvFormat::nvfp4 ? concat(", nvfp4_scales=", to_string(l.nvfp4_scales)) : "", ")");
       });
 
   m.attr("KV_SCALE_NAMES") = nb::make_tuple(kScaleNames[0], kScaleNames[1], kScaleNames[2], kScaleNames[3]);

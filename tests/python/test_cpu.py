@@ -847,3 +847,28 @@ def test_absmax_and_calibration_of_strided_views(rng):
     s = cache.calibrate(k4[:, :, -1], v4[:, :, -1])
     assert s["k_scale"] == np.float32(np.abs(ref.bf16_value(k4[:, :, -1])).max()) / np.float32(448)
     assert s["v_scale"] == np.float32(np.abs(ref.bf16_value(v4[:, :, -1])).max()) / np.float32(448)
+
+
+def test_nvfp4_adaptive_scales_decode_by_the_same_rule_and_cut_the_error(rng):
+    """nvfp4_scales="adaptive" (docs/nvfp4_scales.md): the pages decode by the unchanged
+    x = e2m1 * s * g (the reference dequantiser), closer to the written values than max6's."""
+    N, H, D = 512, 2, 64
+    x = rng.standard_normal((2, N, H, D)).astype(np.float32)
+    k, v = metrale.to_bf16(x[0]), metrale.to_bf16(x[1])
+    exact = ref.bf16_value(np.stack([k, v]))
+    err = {}
+    for rule in ("max6", "adaptive"):
+        cache = metrale.PagedKVCache("nvfp4", N // 16, 16, H, D, nvfp4_scales=rule)
+        assert cache.layout.nvfp4_scales == rule and rule in repr(cache.layout)
+        cache.write(0, k, v, np.arange(N, dtype=np.int64))
+        got = np.stack([ref.dequant_cache("nvfp4", cache.k(0), cache.layout),
+                        ref.dequant_cache("nvfp4", cache.v(0), cache.layout)]).reshape(exact.shape)
+        err[rule] = np.sqrt(np.mean((got - exact) ** 2) / np.mean(exact ** 2))
+    # Gaussian groups: about 9.5% relative RMS error with max6, 8.7% adaptive.
+    assert 0.09 < err["max6"] < 0.10 and err["adaptive"] < 0.95 * err["max6"], err
+    with pytest.raises(ValueError, match="nvfp4_scales"):
+        metrale.make_layout("fp8", 4, 16, H, D, nvfp4_scales="adaptive")
+    with pytest.raises(ValueError, match="max6"):
+        metrale.make_layout("nvfp4", 4, 16, H, D, nvfp4_scales="max4")
+    with pytest.raises(TypeError, match="nvfp4_scales"):
+        metrale.make_layout("nvfp4", 4, 16, H, D, nvfp4_scales=4)

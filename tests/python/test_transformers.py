@@ -60,12 +60,19 @@ def test_bf16_as_close_to_sdpa_as_eager(report):
     assert _tokens_ok(r), r
 
 
-@pytest.mark.parametrize("fmt,bound", [("fp8", 0.1), ("nvfp4", 0.3)])
+@pytest.mark.parametrize("fmt,bound", [("fp8", 0.1), ("nvfp4", 0.3), ("nvfp4-adaptive", 0.3)])
 def test_quantised_caches_have_bounded_logit_error(report, fmt, bound):
     r = report[f"metrale-{fmt}"]
     assert r["finite"]
     assert r["max_err"] <= bound * report["sdpa"]["logit_absmax"], r
     assert r["mean_err"] <= bound * report["sdpa"]["logit_absmax"] / 4, r
+
+
+def test_nvfp4_scale_rule_is_the_caches(model):
+    cache = mt.PagedCache(model.config, "nvfp4", max_batch_size=1, max_cache_len=32, nvfp4_scales="adaptive")
+    assert cache.nvfp4_scales == "adaptive"
+    with pytest.raises(ValueError, match="nvfp4_scales"):
+        mt.PagedCache(model.config, "fp8", max_batch_size=1, max_cache_len=32, nvfp4_scales="adaptive")
 
 
 def test_cache_pages_hold_only_real_tokens(model, prompts):

@@ -13,7 +13,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .. import torch_ops  # noqa: F401 (registers torch.ops.metrale.*)
-from .._arrays import format_name
+from .._arrays import format_name, make_layout
 from .._metrale import KvFormat
 from ..cache import PagedKVCache
 from .attention import make_current
@@ -99,7 +99,8 @@ class PagedCache(Cache):
     """
 
     def __init__(self, config: Any, format: str = "bf16", *, max_batch_size: int, max_cache_len: int,
-                 block_size: int = 16, num_blocks: Optional[int] = None, device: Any = None):
+                 block_size: int = 16, num_blocks: Optional[int] = None, device: Any = None,
+                 nvfp4_scales: str = "max6"):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         num_layers = int(text.num_hidden_layers)
         for name, val in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len),
@@ -107,6 +108,10 @@ class PagedCache(Cache):
             if not isinstance(val, int) or val < 1:
                 raise ValueError(f"'{name}' = {val!r}; expected an int >= 1")
         self.format = format
+        # The NVFP4 group-scale rule ("max6" | "adaptive", docs/nvfp4_scales.md), checked here
+        # (ValueError) rather than at the first write.
+        make_layout(format, 1, int(block_size), 1, 128, nvfp4_scales=nvfp4_scales)
+        self.nvfp4_scales = nvfp4_scales
         self.block_size = int(block_size)
         self._max_batch_size = int(max_batch_size)
         self._max_cache_len = int(max_cache_len)
@@ -158,7 +163,8 @@ class PagedCache(Cache):
         if self._device is None:
             self._device = device
         self.kv = PagedKVCache(self.format, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
-                               num_layers=len(self.windows), device=str(self._device))
+                               num_layers=len(self.windows), device=str(self._device),
+                               nvfp4_scales=self.nvfp4_scales)
         # Per layer, as torch tensors sharing the cache's memory (CPU pages and counters are NumPy
         # arrays): (K pages, V pages, saturation counters), made once for every later call.
         def as_torch(x):
@@ -444,12 +450,13 @@ class PagedCache(Cache):
         hkv, bs = self.num_kv_heads, self.block_size
         if n == 1:
             torch.ops.metrale.reshape_and_cache_counted(key[:, :, 0], value[:, :, 0], step.slots, k_cache,
-                                                        v_cache, fmt, bs, hkv, k_scale, v_scale, sat)
+                                                        v_cache, fmt, bs, hkv, k_scale, v_scale, sat,
+                                                        nvfp4_scales=self.nvfp4_scales)
         else:
             for b in range(batch):
                 torch.ops.metrale.reshape_and_cache_counted(key[b].transpose(0, 1), value[b].transpose(0, 1),
                                                             slots[b], k_cache, v_cache, fmt, bs, hkv, k_scale,
-                                                            v_scale, sat)
+                                                            v_scale, sat, nvfp4_scales=self.nvfp4_scales)
         self.kv.mark_written(layer)
         sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
         table, lens = self._dev["table"], self._dev["lens"]
