@@ -6,13 +6,14 @@
 #
 #   tools/device_run.sh                  # build + tests + decode / cache-write bench + peers
 #   SANITIZE=1 tools/device_run.sh       # + memcheck and racecheck of the GPU suites
+#     (SANITIZE_TESTS binaries, SANITIZE_FILTER a gtest filter, SANITIZE_TIMEOUT s each)
 #   BENCH_ARGS="--mode oracle" tools/device_run.sh
 #   METRALE_BUILD_DIR=.deps/build tools/device_run.sh   # use carried binaries
 #
 #   TESTS=0 / PYTEST=0 / BENCH=0 / PEERS=0 / CLI=0 skip parts;
 #   TEST_TIMEOUT (s per test binary, 300), TEST_FILTER (a gtest filter), PYTEST_TIMEOUT (400 s),
 #   PYTEST_ARGS to pytest, PEERS_ARGS to bench/peers.py (e.g. "--peers sdpa");
-#   QLEN_BENCH=1: q_len 1, 2, 4, 8 at the verification shapes with the peers, one table
+#   QLEN_BENCH=1: q_len 1, 2, 4, 8, 16 (QLENS) at the verification shapes with the peers, one table
 #     (tools/q_len_table.py; QLEN_SHAPES, QLEN_PEERS, QLEN_T1=0 leaves out the one-column-tile rows);
 #   PREFILL_BENCH=1: prompts, a chunk over a cached prefix, a ragged batch, with the peers
 #     (tools/prefill_tables.py; PREFILL_DIMS head dims, PREFILL_ARGS to prefill_bench,
@@ -73,8 +74,9 @@ done
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
     for t in ${SANITIZE_TESTS:-test_gpu_decode test_gpu_cache_write test_gpu_attn}; do
-      METRALE_GPU_TEST_ITERS=8 compute-sanitizer --tool $tool --error-exitcode 99 "$BUILD/tests/$t" \
-        --gtest_brief=1 --gtest_filter='-*TensOfThousands*:*PlannerRuns*:*Large*:*ManyTokens*' >"$OUT/$t.$tool.log" 2>&1
+      METRALE_GPU_TEST_ITERS=8 timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool $tool --error-exitcode 99 \
+        "$BUILD/tests/$t" --gtest_brief=1 --gtest_filter="${SANITIZE_FILTER:--*TensOfThousands*:*PlannerRuns*:*Large*:*ManyTokens*}" \
+        >"$OUT/$t.$tool.log" 2>&1
       summary+=("$(printf '%-24s %-9s rc %d  %s' "$t" "$tool" $? "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$t.$tool.log" | tail -1)")")
     done
   done
@@ -109,13 +111,13 @@ if [ "${HF:-0}" = 1 ] && python3 -c "import torch, transformers" 2>/dev/null; th
   PYTHONPATH="${SITE:-/tmp/metrale-site}${PYTHONPATH:+:$PYTHONPATH}" python3 bench/hf_generate.py 2>&1 | tee "$OUT/hf_generate.txt"
   summary+=("$(printf '%-24s rc %d' "hf_generate.py" ${PIPESTATUS[0]})")
 fi
-# Multi-token queries: q_len 1, 2, 4, 8 per sequence at the three
+# Multi-token queries: q_len 1, 2, 4, 8, 16 (QLENS) per sequence at the three
 # verification shapes, every format, the planner's column tiles and one
 # column tile forced (the A/B of reading the pages once per 16 columns),
 # the peers at the same q_len, and one table (tools/q_len_table.py).
 if [ "${QLEN_BENCH:-0}" = 1 ]; then
   QS=${QLEN_SHAPES:-1x32768,16x8192,64x4096}
-  for n in 1 2 4 8; do
+  for n in ${QLENS:-1 2 4 8 16}; do
     gpu_state "q_len $n"
     "$BUILD/bench/metrale_bench" --shapes "$QS" --q-len $n --csv "$OUT/qlen_$n.csv" 2>&1 | tee -a "$OUT/qlen.log"
     [ $n -gt 2 ] && [ "${QLEN_T1:-1}" = 1 ] && "$BUILD/bench/metrale_bench" --shapes "$QS" --q-len $n --col-tiles 1 --csv "$OUT/qlen_${n}_t1.csv" 2>&1 |
