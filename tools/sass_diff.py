@@ -15,7 +15,9 @@ Functions are paired by mangled name first; what is left (a renamed template
 or parameter type) by identical code, then in order within the same base
 name (the identifier before its template arguments) and finally in order
 overall. For each pair it prints one line: identical, identical but for the
-kernel-parameter offsets (c[0x0][...], with --ignore-const), or the
+kernel-parameter offsets (c[0x0][...], with --ignore-const), the same
+instructions but for register numbers, branch targets and parameter offsets
+(regs-only: a different register allocation), or the
 instruction count before -> after and the opcodes whose counts differ; and
 the registers and stack bytes where they changed. The exit status is 0 when
 every pair is identical (or identical but for constant offsets with
@@ -30,6 +32,8 @@ import sys
 
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 CONST = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")
+REGS = re.compile(r"\b(U?R|U?P|B)(\d+|Z|T)\b")
+TARGET = re.compile(r"\b0x[0-9a-f]+\b")
 RES = re.compile(r"Function (\S+):\s*(.*)")
 
 
@@ -159,6 +163,12 @@ def compare(path_a, path_b, args):
         if ca == cb:
             stats["const-only"] += 1
             print(f"  const-only {len(xa):6d}  {label}{res}")
+            continue
+        ra_ = [TARGET.sub("0x?", REGS.sub(r"\1?", x)) for x in ca]
+        rb_ = [TARGET.sub("0x?", REGS.sub(r"\1?", x)) for x in cb]
+        if ra_ == rb_:
+            stats["regs-only"] += 1
+            print(f"  regs-only  {len(xa):6d}  {label}{res}")
             continue
         stats["differs"] += 1
         ha = collections.Counter(opcode(x) for x in xa)

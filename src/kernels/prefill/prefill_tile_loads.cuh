@@ -19,7 +19,7 @@
 #include "kernels/formats/fp8.cuh"
 #include "kernels/formats/nvfp4.cuh"
 #include "kernels/prefill/prefill_config.cuh"
-#include "kernels/prefill/wgmma.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace metrale::kernels {
 
