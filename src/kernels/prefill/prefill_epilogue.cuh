@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/common/mma.cuh"
+#include "kernels/common/named_barrier.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/formats/format_policy.cuh"
 #include "kernels/prefill/prefill_params.hpp"
@@ -109,7 +110,7 @@ template <class Cfg>
 __device__ __forceinline__ void prefill_copy_out(const PrefillParams& p, const PrefillRowsOut& w, int cw,
                                                  const uint8_t* smem) {
   constexpr int D = Cfg::kHeadDim, kM = Cfg::kRows;
-  asm volatile("bar.sync %0, 128;\n" ::"r"(3 + cw) : "memory");
+  named_barrier_sync<128>(3 + cw);
   constexpr int kUnits = D / 8;
   for (int idx = threadIdx.x % 128; idx < 64 * kUnits; idx += 128) {
     const int32_t r = cw * 64 + idx / kUnits, u = idx % kUnits;

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/named_barrier.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/prefill/prefill_pair.cuh"
 #include "kernels/prefill/prefill_softmax.cuh"
@@ -36,25 +37,25 @@ struct PrefillMainloop {
   using Softmax = PrefillSoftmax<kN, Op>;
 
   const Pair& pair;
+  const Softmax& sm;
+  float (&o)[kOAccs];          // the rows' output accumulators
   uint32_t smem_base, q_tile;  // the CTA's shared memory, the warpgroup's Q rows
   int cw, lane;                // consumer 0 or 1, the thread's lane
   bool solo;
-  float o[kOAccs];
-  Softmax sm;
 
-  __device__ __forceinline__ void my_turn() const {
-    if (!solo) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory");
+  __device__ void my_turn() const {
+    if (!solo) named_barrier_sync<256>(1 + cw);
   }
-  __device__ __forceinline__ void your_turn() const {
-    if (!solo) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
+  __device__ void your_turn() const {
+    if (!solo) named_barrier_arrive<256>(2 - cw);
   }
-  __device__ __forceinline__ static int stage_of(int t) { return t % Cfg::kStages; }
+  __device__ static int stage_of(int t) { return t % Cfg::kStages; }
   // op 0 = K, 1 = V of tile t.
-  __device__ __forceinline__ void wait_full(int op, int t) const { pair.ring(op).wait_full(t); }
-  __device__ __forceinline__ void release(int op, int t) const { pair.release(op, t, lane); }
+  __device__ void wait_full(int op, int t) const { pair.ring(op).wait_full(t); }
+  __device__ void release(int op, int t) const { pair.release(op, t, lane); }
 
   // S = Q K^T of tile t (issued, committed; the caller waits).
-  __device__ __forceinline__ void issue_qk(float (&sacc)[kSAccs], int t) const {
+  __device__ void issue_qk(float (&sacc)[kSAccs], int t) const {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
       Wgmma<kN, Op>::ss(sacc, wg::k_major(q_tile, kM, kk), wg::k_major(smem_base + Cfg::kKOffset(stage_of(t)), kN, kk),
@@ -62,7 +63,7 @@ struct PrefillMainloop {
     wg::commit();
   }
   // O += P V of tile t.
-  __device__ __forceinline__ void issue_pv(const uint32_t (&pa)[kN / 16][4], int t) {
+  __device__ void issue_pv(const uint32_t (&pa)[kN / 16][4], int t) const {
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk)
       Wgmma<D, Op>::rs(o, pa[kk], wg::mn_major(smem_base + Cfg::kVOffset(stage_of(t)), kN, kk), 1);
@@ -71,16 +72,15 @@ struct PrefillMainloop {
   // O takes the factors of its rows' new maxima; a warp whose rows' maxima
   // all stayed (f == 1, the common case once a long run's maximum has
   // settled) skips the multiplies, which changes no bit of O.
-  __device__ __forceinline__ void rescale_o(const float (&f)[2]) {
+  __device__ void rescale_o(const float (&f)[2]) const {
     if (!__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) return;
 #pragma unroll
     for (int e = 0; e < kOAccs; ++e) o[e] *= f[(e / 2) % 2];
   }
 
   // QK, softmax, PV in turn (head_dim 256).
-  __device__ __forceinline__ void run_in_turn(const PrefillParams& p, int32_t p_begin, int tiles) {
-    float sacc[kSAccs], f[2];
-    uint32_t pa[kN / 16][4];
+  __device__ __forceinline__ void run_in_turn(const PrefillParams& p, int tiles,
+                                              float (&sacc)[kSAccs], float (&f)[2], uint32_t (&pa)[kN / 16][4]) const {
     for (int t = 0; t < tiles; ++t) {
       wait_full(0, t);
       my_turn();
@@ -90,7 +90,7 @@ struct PrefillMainloop {
       wg::wait<0>();
       wg::fence_operands(sacc);
       release(0, t);
-      sm.tile(p, sacc, p_begin + t * kN, f);
+      sm.tile(p, sacc, t, f);
       Softmax::to_fragments(sacc, pa);
       rescale_o(f);
       wg::fence_operands(o);
@@ -114,9 +114,8 @@ struct PrefillMainloop {
   // wgmma.wait_group to the top of its basic block, and in the softmax's
   // block it serialised the softmax behind the PV. K goes back as soon as
   // its QK completed, V once its PV did.
-  __device__ __forceinline__ void run_overlapped(const PrefillParams& p, int32_t p_begin, int tiles) {
-    float sacc[kSAccs], f[2];
-    uint32_t pa[kN / 16][4];
+  __device__ __forceinline__ void run_overlapped(const PrefillParams& p, int tiles,
+                                                 float (&sacc)[kSAccs], float (&f)[2], uint32_t (&pa)[kN / 16][4]) const {
     wait_full(0, 0);
     my_turn();
     wg::fence();
@@ -125,7 +124,7 @@ struct PrefillMainloop {
     wg::wait<0>();
     wg::fence_operands(sacc);
     release(0, 0);
-    sm.tile(p, sacc, p_begin, f);  // O is 0: nothing to rescale
+    sm.tile(p, sacc, 0, f);  // O is 0: nothing to rescale
     // Before tile t's MMAs: the PV of t - 2 completes, its V goes back (before
     // the wait for the V of t - 1, so that the producer is not held up by
     // it), and P of t - 1 becomes fragments for O rescaled to its maximum.
@@ -151,7 +150,7 @@ struct PrefillMainloop {
       wg::wait<1>();  // QK of t (PV of t - 1 may still run)
       wg::fence_operands(sacc);
       release(0, t);
-      sm.tile(p, sacc, p_begin + t * kN, f);
+      sm.tile(p, sacc, t, f);
     }
     prepare_pv(tiles);
     my_turn();
@@ -164,13 +163,14 @@ struct PrefillMainloop {
     release(1, tiles - 1);
   }
 
-  // Every tile of the CTA's span, O and the softmax state starting empty.
-  __device__ __forceinline__ void run(const PrefillParams& p, int32_t p_begin, int tiles) {
-    if (cw == 1 && tiles > 0) your_turn();  // consumer 0 issues first
+  // Every tile of the CTA's span, O and the softmax state starting empty
+  // (sacc, f, pa: the loop's S, factors and P fragments).
+  __device__ __forceinline__ void run(const PrefillParams& p, int tiles, float (&sacc)[kSAccs],
+                                      float (&f)[2], uint32_t (&pa)[kN / 16][4]) const {
     if constexpr (!Cfg::kOverlap)
-      run_in_turn(p, p_begin, tiles);
+      run_in_turn(p, tiles, sacc, f, pa);
     else if (tiles > 0)
-      run_overlapped(p, p_begin, tiles);
+      run_overlapped(p, tiles, sacc, f, pa);
   }
 };
 

@@ -20,11 +20,12 @@ namespace metrale::kernels {
 // warpgroup; row_lo: the tile's first packed row.
 template <class Fmt, class Cfg>
 __device__ __forceinline__ void prefill_load_q(const PrefillParams& p, int32_t row_lo, int32_t row0, int32_t group,
-                                               int kv_head, int cw, int ct, uint8_t* smem) {
+                                               int kv_head, int cw, int ct, uint8_t* smem,
+                                               uint4 (&v)[Cfg::kHeadDim / 16]) {
   using Op = typename Cfg::Op;
   constexpr int D = Cfg::kHeadDim, kM = Cfg::kRows;
   constexpr int kUnits = D / 8, kPerThread = 64 * kUnits / 128;
-  uint4 v[kPerThread];
+  static_assert(kPerThread == D / 16);
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const int idx = ct + 128 * k, r = cw * 64 + idx / kUnits, u = idx % kUnits;

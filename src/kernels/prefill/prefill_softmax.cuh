@@ -19,18 +19,23 @@
 
 namespace metrale::kernels {
 
+// The state lives in the kernel's registers; the softmax refers to it.
 template <int kN, class Op>
 struct PrefillSoftmax {
   static constexpr int kSAccs = kN / 2;
 
-  float m_run[2], l_run[2];
-  QueryRange wg_first_range, wg_last_range;  // of the warpgroup's first and last rows
-  QueryRange my_range[2];                    // of the thread's two rows
+  float (&m_run)[2];                 // the rows' running maxima (log2 units)
+  float (&l_run)[2];                 // and the thread's share of their sums
+  const QueryRange& wg_first_range;  // positions the warpgroup's first row attends
+  const QueryRange& wg_last_range;   // and its last row
+  const QueryRange (&my_range)[2];   // and the thread's two rows
   int quad;
+  int32_t p_begin;                   // the first position of the CTA's first tile
 
-  // S becomes P in f32 in place, m and l are updated, f = the factor O
-  // must take before P joins it. p0: the tile's first position.
-  __device__ __forceinline__ void tile(const PrefillParams& p, float (&sacc)[kSAccs], int32_t p0, float (&f)[2]) {
+  // S of tile t becomes P in f32 in place, m and l are updated, f = the
+  // factor O must take before P joins it.
+  __device__ void tile(const PrefillParams& p, float (&sacc)[kSAccs], int t, float (&f)[2]) const {
+    const int32_t p0 = p_begin + t * kN;
     const float kNegInf = -__int_as_float(0x7f800000);
     // Logits in log2 units are sacc * sc: without soft-cap (and a positive
     // scale, as always in practice) the scale folds into the exponent's FFMA.
@@ -78,7 +83,7 @@ struct PrefillSoftmax {
 
   // P (f32, in S's accumulator layout) as PV's A fragments: k-step j/2 holds
   // (row, k 2q..) (row+8, k 2q..) (row, k 2q+8..) (row+8, k 2q+8..).
-  __device__ __forceinline__ static void to_fragments(const float (&sacc)[kSAccs], uint32_t (&pa)[kN / 16][4]) {
+  __device__ static void to_fragments(const float (&sacc)[kSAccs], uint32_t (&pa)[kN / 16][4]) {
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
       pa[j / 2][2 * (j % 2)] = pack2<Op>(sacc[4 * j], sacc[4 * j + 1]);
