@@ -11,6 +11,7 @@
 #include "kernels/decode/decode_launch.cuh"
 #include "kernels/decode/kv_tensor_map.hpp"
 #include "kernels/prefill/prefill_launch.cuh"
+#include "kernels/prefill/prefill_params.hpp"
 #include "kernels/reduce/reduce.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/format.hpp"
@@ -66,8 +67,8 @@ void validate_plan_kernel(const AttnPlan& plan, const AttnArgs& a) {
                           "a plan of attention_problem(args) (query runs, sinks, soft-cap or lse take the runs kernel)");
 }
 
-// The plan's arguments for the kernel: validated `a` (and, for the
-// workspace merge, `workspace`).
+// The plan's arguments for the decode kernel: validated `a` (and, for the
+// workspace merge, `workspace`); the prefill kernel's: make_prefill_params.
 RunParams make_params(const AttnPlan& plan, const AttnArgs& a, float* workspace) {
   const KvCacheLayout& L = a.cache.layout;
   const bool writes_records = plan.merge == SplitMerge::workspace || plan.merge == SplitMerge::states_only;
@@ -151,7 +152,7 @@ void launch_plan(const AttnPlan& plan, const AttnArgs& a, float* workspace, Stre
                         "num_seqs * num_kv_heads * splits * row tiles <= 2^31-1 (the prefill kernel's grid)");
       grid = dim3(unsigned(ctas));
     }
-    const RunParams p = make_params(plan, a, workspace);
+    const kernels::PrefillParams p = kernels::make_prefill_params(plan, a, workspace);
     prefill_kernels(plan.problem.layout.format)(p, plan.kernel_id(), grid, stream);
     return;
   }

@@ -28,7 +28,7 @@ struct PrefillInstance {
 // (prefill_item). CTA pairs (id.tile_pairs; head_tiles and tile_band are
 // then even): clusters of two along the tiles, z of the grid or x of the bands.
 template <class Fmt>
-void launch_prefill(const RunParams& p, const detail::KernelId& id, dim3 grid, cudaStream_t stream) {
+void launch_prefill(const PrefillParams& p, const detail::KernelId& id, dim3 grid, cudaStream_t stream) {
   const bool pairs = id.tile_pairs;
   const dim3 cluster = !pairs ? dim3(1, 1, 1) : p.tile_band > 0 ? dim3(2, 1, 1) : dim3(1, 1, 2);
   auto go = [&](auto inst) {
@@ -54,7 +54,7 @@ void launch_prefill(const RunParams& p, const detail::KernelId& id, dim3 grid, c
   detail::throw_unsupported("head_dim", id.head_dim, "64, 128, 256");
 }
 
-using PrefillLaunch = void (*)(const RunParams& p, const detail::KernelId& id, dim3 grid, cudaStream_t stream);
+using PrefillLaunch = void (*)(const PrefillParams& p, const detail::KernelId& id, dim3 grid, cudaStream_t stream);
 extern const PrefillLaunch kPrefillBf16, kPrefillFp8, kPrefillNvfp4;
 
 }  // namespace metrale::kernels

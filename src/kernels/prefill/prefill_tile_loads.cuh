@@ -14,11 +14,11 @@
 
 #include <cstdint>
 
-#include "kernels/decode/decode_params.hpp"
 #include "kernels/formats/bf16.cuh"
 #include "kernels/formats/fp8.cuh"
 #include "kernels/formats/nvfp4.cuh"
 #include "kernels/prefill/prefill_config.cuh"
+#include "kernels/prefill/prefill_params.hpp"
 #include "kernels/common/wgmma.cuh"
 
 namespace metrale::kernels {
@@ -215,7 +215,7 @@ struct PrefillTileLoader<Fp8Format, D> : PrefillVectorShare<PrefillConfig<Fp8For
   struct Raw {
     uint4 c[Share::kCount];
   };
-  __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams& p, const PrefillRowAt& at, int pt,
+  __device__ __forceinline__ static void fetch(const uint8_t* cache, const PrefillParams& p, const PrefillRowAt& at, int pt,
                                                Raw& raw) {
     const uint8_t* src = cache + at.page_off + int64_t(at.row) * D + Share::vector(pt) * 16;
     const int64_t step = int64_t(Share::kRowsPerLoad) * p.num_kv_heads * D;
@@ -246,7 +246,7 @@ struct PrefillTileLoader<Nvfp4Format, D> : PrefillVectorShare<PrefillConfig<Nvfp
     uint4 c[Share::kCount];
     uint32_t s[Share::kCount];
   };
-  __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams& p, const PrefillRowAt& at,
+  __device__ __forceinline__ static void fetch(const uint8_t* cache, const PrefillParams& p, const PrefillRowAt& at,
                                                int pt, Raw& raw) {
     const int m = Share::vector(pt);
     const uint8_t* src = cache + at.page_off + int64_t(at.row) * (D / 2) + m * 16;
