@@ -64,6 +64,7 @@
 #include "kernels/decode/decode_config.cuh"
 #include "kernels/decode/decode_epilogue.cuh"
 #include "kernels/decode/decode_mainloop.cuh"
+#include "kernels/decode/decode_q_fragments.cuh"
 #include "kernels/decode/decode_register_loads.cuh"
 #include "kernels/decode/decode_runs.cuh"
 #include "kernels/decode/decode_steps.cuh"
@@ -154,37 +155,8 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kTh
       }
   }
 
-  // Q^T as B fragments of the QK k-steps, in registers: q head g of the
-  // tile (zero past the group), head_dim positions of the K permutation:
-  // slot r of k-step kk takes element Fmt::k_elem(kk, r) of the thread's K
-  // stream, which is element e % EK of vector e / EK, i.e. head_dim
-  // position Cfg::k_vector(e / EK, c) * EK + e % EK. Paired heads: every
-  // column holds its q in both halves (each half's k-steps feed one
-  // head's logits; the other head's products are never used, so the
-  // columns need no zeros and a NaN in one head's K stays there).
-  // Column tiles (NT > 1): n-tile n's fragment holds column 8n + g. Parts
-  // of head_dim (HP 2): the warp's k-steps are those of its half.
   uint32_t qf[NT][Cfg::kKSteps][2];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    const int qc = 8 * n + g;  // the column this thread loads
-    const bf16* q_row = p.q + seq * p.q_stride + int64_t(head0 + g) * p.q_head_stride;
-    if constexpr (kRuns)
-      q_row = qc < cols ? p.q + int64_t(rc.row(qc)) * p.q_stride + int64_t(rc.head(qc)) * p.q_head_stride : p.q;
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
-      float x[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        constexpr int kEK = Cfg::kKElemsPerVec;
-        const int e = Fmt::k_elem(kk, r);
-        const int d = part * Cfg::kPartD + Cfg::k_vector(e / kEK, c) * kEK + e % kEK;
-        x[r] = qc < cols ? codec::bf16_to_float(q_row[kPair ? d % kHD : d]) : 0.0f;
-      }
-      qf[n][kk][0] = pack2<Op>(x[0], x[1]);  // exact for bf16; f16 as docs/numerics.md says
-      qf[n][kk][1] = pack2<Op>(x[2], x[3]);
-    }
-  }
+  decode_load_q<Fmt, Cfg, kPair, kRuns, NT>(p, rc, seq, head0, cols, part, g, c, qf);
 
   // O^T tiles: o[n][m] = rows (g, g+8) of head_dim tile m (of the warp's
   // part), columns 8n + (2c, 2c+1).
