@@ -52,7 +52,7 @@ __device__ __forceinline__ void decode_merge_warps(const float (&o)[NT][Cfg::kDT
   // those that select a bank) flips only bits inside a thread's vector, so
   // both the fragment stores (lanes g, c) and the row reads below (32
   // consecutive d) are free of bank conflicts (the plain layout put up to 8
-  // lanes of a store on one bank; with it the stores took 0.6 us per CTA).
+  // lanes of a store on one bank).
   // Column tiles swizzle alike (each n-tile's stores are instructions of their own).
   // Teams of two: [team][col][D], each warp its part of d; the state once.
   constexpr int kEV = Cfg::kVElemsPerVec;

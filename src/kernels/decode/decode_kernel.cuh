@@ -221,8 +221,7 @@ __global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kTh
   // the same values in every lane), then sums 32 consecutive d per pass. No
   // second barrier, and every warp has work at a group of 4 (warp 0
   // computing every weight behind a second barrier, then a rolled pass
-  // over all outputs, cost 0.4-0.5 us per launch at 1x1024: v8.2 in
-  // bench/RESULTS.md).
+  // over all outputs, was slower at small batches).
   const float qnan = __int_as_float(0x7fc00000);
   constexpr int kRec = softmax::record_floats(kHD);
   float* const my_rec = reinterpret_cast<float*>(smem_bytes + Cfg::kRecOffset);  // [col] records

@@ -86,8 +86,8 @@ struct DecodeStep {
       Fmt::k_pair(b.kw[u][0], kk, ks0, a[0], a[2]);
       Fmt::k_pair(b.kw[u][1], kk, ks1, a[1], a[3]);
       // Two chains per n-tile: with one per n-tile, two n-tiles ran a
-      // chain of 8 dependent MMAs per step (NVFP4 q_len 4: "wait" the
-      // largest stall, 31% of the samples, ncu, session 17).
+      // chain of 8 dependent MMAs per step (the wait for it the largest
+      // stall).
       const bool odd_chain = kPair ? kk >= Cfg::kKSteps / 2 : kk % 2 && kTwoChains;
 #pragma unroll
       for (int n = 0; n < NT; ++n) mma_16816<Op>(odd_chain ? s_odd[n] : s[n], a, qf[n][kk][0], qf[n][kk][1]);
