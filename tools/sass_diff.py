@@ -12,9 +12,10 @@ comes from `cuobjdump -sass`, registers and stack from `cuobjdump -res-usage`
 nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
 
 Functions are paired by mangled name first; what is left (a renamed template
-or parameter type) by identical code, then in order within the same base
-name (the identifier before its template arguments) and finally in order
-overall. For each pair it prints one line: identical, identical but for the
+or parameter type) by signature (the demangled name without its parameters,
+enum flags read as bools), then by identical code, then in order within the
+same base name (the identifier before its template arguments) and finally in
+order overall. For each pair it prints one line: identical, identical but for the
 kernel-parameter offsets (c[0x0][...], with --ignore-const), the same
 instructions but for register numbers, branch targets and parameter offsets
 (regs-only: a different register allocation), or the
@@ -93,12 +94,43 @@ def opcode(text):
     return t[0] if t else ""
 
 
+def signature(demangled):
+    """A demangled name without its parameter list, with enum template flags
+    written as the bools they replace ((ns::Flag)1 -> true), so that a
+    kernel whose bool flags became named enums keeps its signature."""
+    s = re.sub(r"\((?:[\w:]+)\)([01])\b", lambda m: "true" if m.group(1) == "1" else "false", demangled)
+    depth = 0
+    for i in range(len(s) - 1, -1, -1):  # drop the outermost trailing (...)
+        if s[i] == ")":
+            depth += 1
+        elif s[i] == "(":
+            depth -= 1
+            if depth == 0:
+                return s[:i]
+    return s
+
+
 def pair_functions(a, b):
-    """[(name_a, name_b)]: by name, then identical code, then order within base name, then order."""
+    """[(name_a, name_b)]: by name, then by signature(), then identical code,
+    then order within base name, then order."""
     names_b = {n for n, _ in b}
     pairs = [(n, n) for n, _ in a if n in names_b]
     done_a = {x for x, _ in pairs}
     done_b = {y for _, y in pairs}
+    dm_all = demangle([n for n, _ in a if n not in done_a] + [n for n, _ in b if n not in done_b])
+    by_sig = collections.defaultdict(list)
+    for n, _ in b:
+        if n not in done_b:
+            by_sig[signature(dm_all[n])].append(n)
+    for n, _ in a:
+        if n in done_a:
+            continue
+        same = by_sig.get(signature(dm_all[n]))
+        if same:
+            m = same.pop(0)
+            pairs.append((n, m))
+            done_a.add(n)
+            done_b.add(m)
     left_a = [(n, i) for n, i in a if n not in done_a]
     left_b = [(n, i) for n, i in b if n not in done_b]
     by_code = collections.defaultdict(list)
@@ -131,7 +163,7 @@ def pair_functions(a, b):
     return pairs, unpaired_a, unpaired_b
 
 
-def short(name, width=90):
+def short(name, width=150):
     d = demangle([name])[name]
     return d if len(d) <= width else d[: width - 3] + "..."
 

@@ -59,6 +59,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/kernel_flags.hpp"
 #include "kernels/common/mma.cuh"
 #include "kernels/decode/decode_cluster_merge.cuh"
 #include "kernels/decode/decode_config.cuh"
@@ -74,13 +75,17 @@
 
 namespace metrale::kernels {
 
-// kRuns: columns are (query row, q head) pairs of query runs, with sinks,
-// soft-cap and lse (decode_runs.cuh); decode with those options runs it too.
+// kColumns query_runs: columns are (query row, q head) pairs of query runs,
+// with sinks, soft-cap and lse (decode_runs.cuh); decode with those options
+// runs it too.
 // NT: the runs kernel's n-tiles of 8 columns; HP: its parts of head_dim
 // (teams of two warps; DecodeConfig).
-template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false, int NT = 1, int HP = 1>
-__global__ void __launch_bounds__(DecodeConfig<Fmt, D, kTma, kPair, NT, HP>::kThreads)
-    paged_decode_kernel(const __grid_constant__ KernelParams<kRuns> p) {
+template <class Fmt, int D, KvLoads kLoads, KvHeads kHeads, Columns kColumns = Columns::heads, int NT = 1, int HP = 1>
+__global__ void __launch_bounds__(
+    DecodeConfig<Fmt, D, kLoads == KvLoads::tma, kHeads == KvHeads::paired, NT, HP>::kThreads)
+    paged_decode_kernel(const __grid_constant__ KernelParams<kColumns == Columns::query_runs> p) {
+  constexpr bool kTma = kLoads == KvLoads::tma, kPair = kHeads == KvHeads::paired;
+  constexpr bool kRuns = kColumns == Columns::query_runs;
   static_assert(!(kRuns && kPair), "query runs take one kv head per CTA");
   static_assert(kRuns || (NT == 1 && HP == 1), "decode serves a group of at most 8 q heads per tile");
   using Cfg = DecodeConfig<Fmt, D, kTma, kPair, NT, HP>;

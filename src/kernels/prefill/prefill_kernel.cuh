@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/common/kernel_flags.hpp"
 #include "kernels/common/named_barrier.cuh"
 #include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -44,10 +45,11 @@
 
 namespace metrale::kernels {
 
-// kPairs: launched as CTA pairs (clusters of two adjacent row tiles, prefill_pair.cuh).
-template <class Fmt, int D, bool kPairs>
+// kTilePairs paired: launched as CTA pairs (clusters of two adjacent row tiles, prefill_pair.cuh).
+template <class Fmt, int D, TilePairs kTilePairs>
 __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
     paged_prefill_kernel(const __grid_constant__ PrefillParams p) {
+  constexpr bool kPairs = kTilePairs == TilePairs::paired;
   using Cfg = PrefillConfig<Fmt, D>;
   using Op = typename Cfg::Op;
   using Loader = PrefillTileLoader<Fmt, D>;
