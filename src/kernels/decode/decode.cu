@@ -96,7 +96,6 @@ RunParams make_params(const AttnPlan& plan, const AttnArgs& a, float* workspace)
   p.qk_log2_scale = a.sm_scale * kLog2e * (f.k_scale(a.cache.scales) * f.operand_factor);
   p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
   p.q_start = a.q_start;
-  p.tile_band = plan.launch.tile_band;
   p.sinks = a.sinks;
   if (a.softcap > 0.0f) {
     p.softcap_scale = a.sm_scale * (f.k_scale(a.cache.scales) * f.operand_factor) / a.softcap;
@@ -142,7 +141,7 @@ void launch_plan(const AttnPlan& plan, const AttnArgs& a, float* workspace, Stre
     METRALE_CHECK_ARG(a.num_seqs <= geometry::kPrefillMaxGridYZ, "num_seqs", a.num_seqs,
                       "<= 65535 for the prefill kernel (its grid's y)");
     // One CTA per (kv head x split, sequence, tile of a run's rows): in
-    // bands (tile_band > 0), the order prefill_kernel.cuh's prefill_item
+    // bands (tile_band > 0), the order prefill_scheduler.cuh's prefill_item
     // gives a one-dimensional grid, else the grid (units, sequences, tiles).
     const unsigned units = unsigned(plan.launch.kv_units * plan.num_splits);
     dim3 grid(units, unsigned(a.num_seqs), unsigned(plan.launch.head_tiles));
