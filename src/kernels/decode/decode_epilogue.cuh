@@ -80,6 +80,74 @@ __device__ __forceinline__ void decode_merge_warps(const float (&o)[NT][Cfg::kDT
   }
 }
 
+// Column col's teams' states against their reference maxima (ws), their
+// merge (mg: the maximum) and the exact max MT.
+template <class Cfg>
+__device__ __forceinline__ void decode_team_states(const float* m_buf, const float* l_buf, const float* mt_buf, int col,
+                                                   softmax::State<softmax::Log2> (&ws)[Cfg::kTeams],
+                                                   softmax::Merge<softmax::Log2>& mg, float& MT) {
+  constexpr int kT = Cfg::kTeams, kCols = Cfg::kCols;
+#pragma unroll
+  for (int w = 0; w < kT; ++w) {
+    ws[w] = {m_buf[w * kCols + col], l_buf[w * kCols + col]};
+    mg.see_max(ws[w]);  // a NaN logit's l spreads through the sums below
+    MT = fmaxf(MT, mt_buf[w * kCols + col]);
+  }
+}
+
+// wt[w] scales team w's O^T to the merged state, normalised; returns L, the
+// sum of the weights.
+template <class Cfg>
+__device__ __forceinline__ float decode_team_weights(const softmax::State<softmax::Log2> (&ws)[Cfg::kTeams],
+                                                     const softmax::Merge<softmax::Log2>& mg, float (&wt)[Cfg::kTeams]) {
+  constexpr int kT = Cfg::kTeams;
+#pragma unroll
+  for (int w = 0; w < kT; ++w) wt[w] = ws[w].scale(mg.M);
+  static_assert(kT == 4 || kT == 2, "the sum of L below");
+  float L = ws[0].l * wt[0] + ws[1].l * wt[1];
+  if constexpr (kT == 4) L += ws[2].l * wt[2] + ws[3].l * wt[3];
+#pragma unroll
+  // L = 0: nothing attended, output 0. A NaN L (some team's l) makes every
+  // weight NaN, also where no team attended a finite logit (M = -inf).
+  for (int w = 0; w < kT; ++w) wt[w] = L == 0.0f ? 0.0f : wt[w] / mg.denominator(L);
+  return L;
+}
+
+// Column col's outputs (its head's half of the tile's D from d0) as the
+// teams' O^T weighted by wt: into its output row, or into rec (the split's
+// record) with its state; the runs' single pass also writes lse.
+template <class Cfg, int D, int NT, bool kRuns>
+__device__ __forceinline__ void decode_store_column(const KernelParams<kRuns>& p, const float* obuf, int col, int d0,
+                                                    const float (&wt)[Cfg::kTeams],
+                                                    const softmax::Merge<softmax::Log2>& mg, float L, float MT,
+                                                    float* rec, int64_t out_row, int lane) {
+  constexpr int kT = Cfg::kTeams, kCols = Cfg::kCols, kHD = Cfg::kHeadDim;
+  const float qnan = __int_as_float(0x7fc00000);
+#pragma unroll
+  for (int i = 0; i < kHD / 32; ++i) {
+    const int d = lane + 32 * i;
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kT; ++w) v += obuf[w * kCols * D + decode_o_index<Cfg, D, NT>(col, d0 + d)] * wt[w];
+    v = mg.nan ? qnan : v * p.v_factor;
+    if (rec == nullptr) {
+      p.out[out_row * kHD + d] = codec::float_to_bf16(v);
+    } else {
+      rec[d] = v;
+    }
+  }
+  if (rec != nullptr && lane == 0) softmax::store_state(rec, kHD, softmax::to_record(mg.merged(L), MT));
+  if constexpr (kRuns) {
+    if (rec == nullptr && p.lse != nullptr && lane == 0) {  // the single pass's lse (split-K: the merge's)
+      const softmax::State<> st = softmax::to_record(mg.merged(L), MT);
+      softmax::Merge<> ln;
+      ln.M = st.m;
+      ln.nan = st.is_nan();
+      p.lse[out_row] = ln.lse(st.l);
+    }
+  }
+}
+
 // The cluster merge of split-K (p.cluster_merge): the records in my_rec,
 // merged with the other CTAs' of the cluster into the output.
 template <class Cfg, bool kRuns>

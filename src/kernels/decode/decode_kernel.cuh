@@ -1,11 +1,14 @@
 // Paged decode attention, written once against a KV-format policy
 // (kernels/formats/format_policy.cuh), for single pass and split-K. This
-// file is the kernel body (indices, Q fragments, QK / online softmax / PV per
-// step, the warps' merge and the output or split record); its parts:
+// file is the kernel body (the CTA's work, its columns' ranges, the state,
+// the loads driving the mainloop, the output rows); its parts:
 //   decode_config.cuh          the compile-time configuration, StepBuffers
 //   decode_steps.cuh           the split's steps per warp and their page ids
+//   decode_q_fragments.cuh     Q^T as the QK B fragments
 //   decode_register_loads.cuh  the register load pipeline  } one interface:
 //   decode_tma_loads.cuh       the TMA load pipeline       } run(compute)
+//   decode_mainloop.cuh        compute: QK, logits, online softmax, PV per step
+//   decode_epilogue.cuh        the warps' merge, a column's weights and outputs
 //   decode_cluster_merge.cuh   the split-K merge inside a cluster
 //   common/vector_loads.cuh    16/8/4-byte vector loads
 //
@@ -90,8 +93,6 @@ __global__ void __launch_bounds__(
   static_assert(kRuns || (NT == 1 && HP == 1), "decode serves a group of at most 8 q heads per tile");
   using Cfg = DecodeConfig<Fmt, D, kTma, kPair, NT, HP>;
   constexpr int kHD = Cfg::kHeadDim;  // elements of a q row, an output row, a record
-  using Op = typename Fmt::Op;
-  constexpr int U = Cfg::kUnroll;
   constexpr int kCols = Cfg::kCols;
   const float kNegInf = -__int_as_float(0x7f800000);
 
@@ -215,11 +216,6 @@ __global__ void __launch_bounds__(
 
   // ---- epilogue: merge the warps' states, write the columns ----
   decode_merge_warps<Cfg, D, NT, HP>(o, m_run, m_true, l_part, obuf, m_buf, l_buf, mt_buf, team, part, g, c);
-  constexpr int kEV = Cfg::kVElemsPerVec;
-  auto o_index = [](int col, int d) {
-    const int tcol = NT == 1 ? col : col % 8;
-    return col * D + (d ^ ((tcol >> 1) + 4 * ((d >> 5) & (kEV / 4 - 1))));
-  };
   const bool bad = __syncthreads_or(bad_page);
   // Warp w writes the outputs of columns w, w + kWarps: each of its lanes
   // merges those columns' team states (log2 units, softmax_state.hpp;
@@ -227,23 +223,17 @@ __global__ void __launch_bounds__(
   // second barrier, and every warp has work at a group of 4 (warp 0
   // computing every weight behind a second barrier, then a rolled pass
   // over all outputs, was slower at small batches).
-  const float qnan = __int_as_float(0x7fc00000);
   constexpr int kRec = softmax::record_floats(kHD);
   float* const my_rec = reinterpret_cast<float*>(smem_bytes + Cfg::kRecOffset);  // [col] records
   static_assert(kHD % 32 == 0 && kCols % Cfg::kWarps == 0, "whole passes over the tile's outputs");
 #pragma unroll 1
   for (int col = warp; col < cols; col += Cfg::kWarps) {
     // The teams' states against their reference maxima; MT: the exact max.
-    constexpr int kT = Cfg::kTeams;
+    constexpr int kT = Cfg::kTeams;  // teams of warps with states of their own
     softmax::State<softmax::Log2> ws[kT];
     softmax::Merge<softmax::Log2> mg;
     float MT = kNegInf;
-#pragma unroll
-    for (int w = 0; w < kT; ++w) {
-      ws[w] = {m_buf[w * kCols + col], l_buf[w * kCols + col]};
-      mg.see_max(ws[w]);  // a NaN logit's l spreads through the sums below
-      MT = fmaxf(MT, mt_buf[w * kCols + col]);
-    }
+    decode_team_states<Cfg>(m_buf, l_buf, mt_buf, col, ws, mg, MT);
     mg.nan = bad;
     if constexpr (kRuns) {  // the sink joins the final normalisation only (not a split's record)
       constexpr float kLog2e = 1.4426950408889634f;
@@ -251,15 +241,7 @@ __global__ void __launch_bounds__(
     }
     // wt[w] scales team w's O^T to the merged state; L = sum of the weights.
     float wt[kT];
-#pragma unroll
-    for (int w = 0; w < kT; ++w) wt[w] = ws[w].scale(mg.M);
-    static_assert(kT == 4 || kT == 2, "the sum of L below");
-    float L = ws[0].l * wt[0] + ws[1].l * wt[1];
-    if constexpr (kT == 4) L += ws[2].l * wt[2] + ws[3].l * wt[3];
-#pragma unroll
-    // L = 0: nothing attended, output 0. A NaN L (some team's l) makes every
-    // weight NaN, also where no team attended a finite logit (M = -inf).
-    for (int w = 0; w < kT; ++w) wt[w] = L == 0.0f ? 0.0f : wt[w] / mg.denominator(L);
+    const float L = decode_team_weights<Cfg>(ws, mg, wt);
     const int64_t qh = int64_t(head0 + col);
     // The column's output row: (sequence or query row) * num_q_heads + q head.
     const int64_t out_row = kRuns ? int64_t(rc.row(col)) * p.num_q_heads + rc.head(col) : seq * p.num_q_heads + qh;
@@ -272,29 +254,7 @@ __global__ void __launch_bounds__(
     }
     // Paired heads: the column's own head is the upper half of the tile's D.
     const int d0 = kPair && col >= cols / 2 ? kHD : 0;
-#pragma unroll
-    for (int i = 0; i < kHD / 32; ++i) {
-      const int d = lane + 32 * i;
-      float v = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kT; ++w) v += obuf[w * kCols * D + o_index(col, d0 + d)] * wt[w];
-      v = mg.nan ? qnan : v * p.v_factor;
-      if (rec == nullptr) {
-        p.out[out_row * kHD + d] = codec::float_to_bf16(v);
-      } else {
-        rec[d] = v;
-      }
-    }
-    if (rec != nullptr && lane == 0) softmax::store_state(rec, kHD, softmax::to_record(mg.merged(L), MT));
-    if constexpr (kRuns) {
-      if (rec == nullptr && p.lse != nullptr && lane == 0) {  // the single pass's lse (split-K: the merge's)
-        const softmax::State<> st = softmax::to_record(mg.merged(L), MT);
-        softmax::Merge<> ln;
-        ln.M = st.m;
-        ln.nan = st.is_nan();
-        p.lse[out_row] = ln.lse(st.l);
-      }
-    }
+    decode_store_column<Cfg, D, NT, kRuns>(p, obuf, col, d0, wt, mg, L, MT, rec, out_row, lane);
   }
   if (p.cluster_merge) decode_cluster_merge<Cfg, kRuns>(p, rc, my_rec, cols, seq, head0);
 }
