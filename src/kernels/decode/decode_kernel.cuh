@@ -148,18 +148,7 @@ __global__ void __launch_bounds__(
   const int32_t inner_end = kRuns ? rc.range(0).end : seq_len;
   // Runs: the thread's columns 8n + 2c, 8n + 2c + 1 of n-tile n each mask their own range.
   int32_t col_begin[NT][2] = {}, col_end[NT][2] = {};
-  if constexpr (kRuns) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (8 * n + 2 * c + j < cols) {
-          const QueryRange r = rc.range(8 * n + 2 * c + j);
-          col_begin[n][j] = r.begin;
-          col_end[n][j] = r.end;
-        }
-      }
-  }
+  if constexpr (kRuns) decode_column_ranges(rc, cols, c, col_begin, col_end);
 
   uint32_t qf[NT][Cfg::kKSteps][2];
   decode_load_q<Fmt, Cfg, kPair, kRuns, NT>(p, rc, seq, head0, cols, part, g, c, qf);
@@ -168,17 +157,7 @@ __global__ void __launch_bounds__(
   // part), columns 8n + (2c, 2c+1).
   float o[NT][Cfg::kDTiles][4];
   float m_run[NT][2], m_true[NT][2], l_part[NT][2];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-#pragma unroll
-    for (int m = 0; m < Cfg::kDTiles; ++m) o[n][m][0] = o[n][m][1] = o[n][m][2] = o[n][m][3] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      m_run[n][j] = kNegInf;   // reference max of columns 8n + 2c + j (log2 units)
-      m_true[n][j] = kNegInf;  // this thread's exact max
-      l_part[n][j] = 0.0f;     // this thread's share of sum exp2(x - m_run)
-    }
-  }
+  decode_empty_state(o, m_run, m_true, l_part);
   bool bad_page = false;
 
   const int32_t split_pos0 = pages.first * p.block_size;  // position of step 0

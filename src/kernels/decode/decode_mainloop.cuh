@@ -25,6 +25,41 @@
 
 namespace metrale::kernels {
 
+// The state before the first step: O^T zero, no maximum, no sum.
+template <int NT, int kDTiles>
+__device__ __forceinline__ void decode_empty_state(float (&o)[NT][kDTiles][4], float (&m_run)[NT][2],
+                                                   float (&m_true)[NT][2], float (&l_part)[NT][2]) {
+  const float kNegInf = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int m = 0; m < kDTiles; ++m) o[n][m][0] = o[n][m][1] = o[n][m][2] = o[n][m][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      m_run[n][j] = kNegInf;   // reference max of columns 8n + 2c + j (log2 units)
+      m_true[n][j] = kNegInf;  // this thread's exact max
+      l_part[n][j] = 0.0f;     // this thread's share of sum exp2(x - m_run)
+    }
+  }
+}
+
+// Runs: the ranges the thread's columns 8n + 2c, 8n + 2c + 1 of n-tile n
+// attend (those past the CTA's cols keep theirs).
+template <int NT>
+__device__ __forceinline__ void decode_column_ranges(const RunColumns& rc, int cols, int c, int32_t (&col_begin)[NT][2],
+                                                     int32_t (&col_end)[NT][2]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (8 * n + 2 * c + j < cols) {
+        const QueryRange r = rc.range(8 * n + 2 * c + j);
+        col_begin[n][j] = r.begin;
+        col_end[n][j] = r.end;
+      }
+    }
+}
+
 template <class Fmt, class Cfg, int D, bool kPair, bool kRuns, int NT, int HP>
 struct DecodeStep {
   using Op = typename Fmt::Op;
