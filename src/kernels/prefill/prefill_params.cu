@@ -51,7 +51,14 @@ PrefillParams make_prefill_params(const AttnPlan& plan, const AttnArgs& a, float
   if (plan.launch.load_path == metrale::detail::LoadPath::tma) {
     // Bound to the cache's base pointers, which change from layer to layer:
     // encoded per call (host work only; a graph replay repeats none of it).
-    if (!make_kv_tensor_map(p.k_map, a.cache.k, L) || !make_kv_tensor_map(p.v_map, a.cache.v, L))
+    // Paired heads (a decode plan's; kept alike here) see a row of twice the
+    // head_dim per head pair.
+    KvCacheLayout map_layout = L;
+    if (plan.launch.pair_kv_heads) {
+      map_layout.head_dim *= 2;
+      map_layout.num_kv_heads /= 2;
+    }
+    if (!make_kv_tensor_map(p.k_map, a.cache.k, map_layout) || !make_kv_tensor_map(p.v_map, a.cache.v, map_layout))
       throw CudaError("metrale: cuTensorMapEncodeTiled failed for the TMA plan's cache maps");
   }
   return p;
