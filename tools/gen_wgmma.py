@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes src/kernels/prefill/wgmma_ops.cuh: the wgmma.mma_async wrappers the
+"""Writes src/kernels/common/wgmma_ops.cuh: the wgmma.mma_async wrappers the
 prefill kernel uses (m64nNk16, f32 accumulators, bf16 or f16 operands, A from
 shared memory or registers). The operand lists of 32-128 accumulators are
 generated, not typed; run it again after changing the list below."""
@@ -37,6 +37,6 @@ for n, types in SHAPES:
         out.append(f'        : {cons}\n        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));\n  }}\n')
         out.append("};\n\n")
 out.append("}  // namespace metrale::kernels\n")
-path = pathlib.Path(__file__).resolve().parent.parent / "src/kernels/prefill/wgmma_ops.cuh"
+path = pathlib.Path(__file__).resolve().parent.parent / "src/kernels/common/wgmma_ops.cuh"
 path.write_text("".join(out))
 print(path)

@@ -11,6 +11,7 @@
 #include "kernels/decode/decode_launch.cuh"
 #include "kernels/decode/kv_tensor_map.hpp"
 #include "kernels/prefill/prefill_launch.cuh"
+#include "kernels/prefill/prefill_params.hpp"
 #include "kernels/reduce/reduce.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/format.hpp"
@@ -66,8 +67,8 @@ void validate_plan_kernel(const AttnPlan& plan, const AttnArgs& a) {
                           "a plan of attention_problem(args) (query runs, sinks, soft-cap or lse take the runs kernel)");
 }
 
-// The plan's arguments for the kernel: validated `a` (and, for the
-// workspace merge, `workspace`).
+// The plan's arguments for the decode kernel: validated `a` (and, for the
+// workspace merge, `workspace`); the prefill kernel's: make_prefill_params.
 RunParams make_params(const AttnPlan& plan, const AttnArgs& a, float* workspace) {
   const KvCacheLayout& L = a.cache.layout;
   const bool writes_records = plan.merge == SplitMerge::workspace || plan.merge == SplitMerge::states_only;
@@ -95,7 +96,6 @@ RunParams make_params(const AttnPlan& plan, const AttnArgs& a, float* workspace)
   p.qk_log2_scale = a.sm_scale * kLog2e * (f.k_scale(a.cache.scales) * f.operand_factor);
   p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
   p.q_start = a.q_start;
-  p.tile_band = plan.launch.tile_band;
   p.sinks = a.sinks;
   if (a.softcap > 0.0f) {
     p.softcap_scale = a.sm_scale * (f.k_scale(a.cache.scales) * f.operand_factor) / a.softcap;
@@ -141,7 +141,7 @@ void launch_plan(const AttnPlan& plan, const AttnArgs& a, float* workspace, Stre
     METRALE_CHECK_ARG(a.num_seqs <= geometry::kPrefillMaxGridYZ, "num_seqs", a.num_seqs,
                       "<= 65535 for the prefill kernel (its grid's y)");
     // One CTA per (kv head x split, sequence, tile of a run's rows): in
-    // bands (tile_band > 0), the order prefill_kernel.cuh's prefill_item
+    // bands (tile_band > 0), the order prefill_scheduler.cuh's prefill_item
     // gives a one-dimensional grid, else the grid (units, sequences, tiles).
     const unsigned units = unsigned(plan.launch.kv_units * plan.num_splits);
     dim3 grid(units, unsigned(a.num_seqs), unsigned(plan.launch.head_tiles));
@@ -151,7 +151,7 @@ void launch_plan(const AttnPlan& plan, const AttnArgs& a, float* workspace, Stre
                         "num_seqs * num_kv_heads * splits * row tiles <= 2^31-1 (the prefill kernel's grid)");
       grid = dim3(unsigned(ctas));
     }
-    const RunParams p = make_params(plan, a, workspace);
+    const kernels::PrefillParams p = kernels::make_prefill_params(plan, a, workspace);
     prefill_kernels(plan.problem.layout.format)(p, plan.kernel_id(), grid, stream);
     return;
   }

@@ -33,7 +33,7 @@ constexpr bool k_permutation_ok() {
 // KiB keeps 2 CTAs per SM, the occupancy the split planner counts on (3 CTAs
 // per SM left the single-pass grids of 512 and 256 CTAs badly balanced).
 constexpr int kTmaRingBytes = 96 * 1024;
-// Most steps per TMA stage (one step per stage measured slower: bench/RESULTS.md v7 step 4).
+// Most steps per TMA stage (one step per stage was slower).
 constexpr int kTmaMaxStageSteps = 2;
 
 // kTma: K/V tiles reach shared memory through TMA (a per-warp ring of
@@ -95,7 +95,7 @@ struct DecodeConfig {
   // Budgets chosen so that no instantiation spills (ptxas -v; the bf16
   // head_dim-256 register path is at the edge: small changes elsewhere in
   // the kernel have spilled 8-20 bytes there); more steps in flight (nvfp4
-  // 384) or 3 CTAs per SM were measured slower (bench/RESULTS.md, v5, v8).
+  // 384) or 3 CTAs per SM were slower.
   // Column tiles (NT > 1) hold NT sets of accumulators: the register
   // stages shrink by as much so that they do not spill either. Parts of
   // head_dim (HP 2) keep the bytes (twice the steps of half the bytes).
@@ -110,8 +110,8 @@ struct DecodeConfig {
       kTmaMaxStageSteps >= 2 && kTmaRingBytes / (kWarps * 2 * kStepBytes) >= 2 ? 2 : 1;
   // Register stages of the software pipeline, at most two: 4 single-step
   // stages (loads issued 3 steps ahead instead of 2, same registers) were
-  // measured 5-10% slower than 2 stages of 2 steps, whose two independent
-  // steps the compiler interleaves (bench/RESULTS.md, v6).
+  // slower than 2 stages of 2 steps, whose two independent steps the
+  // compiler interleaves.
   static constexpr int kStages = kTma ? 1 : (kInFlightSteps >= 2 ? 2 : 1);
   static constexpr int kUnroll = kTma ? kTmaStageSteps : kInFlightSteps / kStages;
   // Group scales per thread and token (scaled formats: one per Fmt::kGroupSize elements).
@@ -127,10 +127,9 @@ struct DecodeConfig {
   // the boxes' 128B/64B/32B swizzle: 16-byte chunks of a token's row are
   // XORed with bits of its line index, which spreads the rows that a warp's
   // fragment reads hit at once over all banks (the dense layout put them on
-  // the same banks: 2-4 way conflicts, 0.75 R for bf16). NVFP4 stays on the
+  // the same banks: 2-4 way conflicts). NVFP4 stays on the
   // register path: its dequantization is instruction-bound and the TMA
-  // path's issue and fill instructions made it 2-8% slower at batch >= 64
-  // (bench/RESULTS.md, v7).
+  // path's issue and fill instructions made it slower at batch >= 64.
   static_assert(!kTma || !Fmt::kScaled, "the TMA path carries no NVFP4 scale rows");
   static constexpr int kBoxBytes = kRowBytes < 128 ? kRowBytes : 128;
   static constexpr int kBoxes = kRowBytes / kBoxBytes;
@@ -147,8 +146,8 @@ struct DecodeConfig {
   // i, which keeps each k-step in one head; tokens g and g+1 of a quarter
   // warp would then read the same banks, so odd tokens read the heads in
   // the other order (kSwapOddTokens). One 64-byte box per head avoided the
-  // conflicts too, but its TMA fetch reached 0.70 R at 64x4096 against 0.84
-  // with 128-byte boxes (session 6 in bench/RESULTS.md).
+  // conflicts too, but its TMA fetch reached a lower fraction of the read
+  // ceiling than 128-byte boxes.
   static constexpr bool kSwapOddTokens = kTma && kPair && kKVecs == 2;
   __host__ __device__ static constexpr int k_vector(int i, int c) {
     if (kSwapOddTokens) return i * 4 + c;

@@ -17,11 +17,11 @@
 namespace metrale::kernels {
 
 // One instantiation, as a type.
-template <class Fmt, int D, bool kTma, bool kPair, bool kRuns = false, int NT = 1, int HP = 1>
+template <class Fmt, int D, KvLoads kLoads, KvHeads kHeads, Columns kColumns = Columns::heads, int NT = 1, int HP = 1>
 struct DecodeInstance {
-  static constexpr bool kQueryRuns = kRuns;
-  using Cfg = DecodeConfig<Fmt, D, kTma, kPair, NT, HP>;
-  static constexpr auto kernel = paged_decode_kernel<Fmt, D, kTma, kPair, kRuns, NT, HP>;
+  static constexpr bool kQueryRuns = kColumns == Columns::query_runs;
+  using Cfg = DecodeConfig<Fmt, D, kLoads == KvLoads::tma, kHeads == KvHeads::paired, NT, HP>;
+  static constexpr auto kernel = paged_decode_kernel<Fmt, D, kLoads, kHeads, kColumns, NT, HP>;
   // Allows the instantiation's dynamic shared memory (> 48 KB), once.
   static void allow_smem() {
     static const bool ok =
@@ -38,31 +38,33 @@ struct DecodeInstance {
 // 128 also with the column tiles of geometry::runs_col_tiles, and for NVFP4
 // at 256 with head_dim split over teams of two warps and two column tiles
 // (geometry::runs_can_split_head_dim).
-template <class Fmt, bool kTma, class F>
+template <class Fmt, KvLoads L, class F>
 void with_decode_head_dim(const detail::KernelId& id, F&& f) {
+  constexpr KvHeads S = KvHeads::single, P = KvHeads::paired;
+  constexpr Columns R = Columns::query_runs;
   static_assert(geometry::kMaxRunsColTiles == 2, "the column tiles instantiated below");
   if (id.runs && id.head_dim_parts == 2) {
-    if constexpr (Fmt::kScaled && !kTma) {
-      if (id.head_dim == 256 && id.col_tiles == 2) return f(DecodeInstance<Fmt, 256, false, false, true, 2, 2>{});
+    if constexpr (Fmt::kScaled && L == KvLoads::registers) {
+      if (id.head_dim == 256 && id.col_tiles == 2) return f(DecodeInstance<Fmt, 256, L, S, R, 2, 2>{});
     }
   } else if (id.runs && id.col_tiles == 2) {
     switch (id.head_dim) {
-      case 64: return f(DecodeInstance<Fmt, 64, kTma, false, true, 2>{});
-      case 128: return f(DecodeInstance<Fmt, 128, kTma, false, true, 2>{});
+      case 64: return f(DecodeInstance<Fmt, 64, L, S, R, 2>{});
+      case 128: return f(DecodeInstance<Fmt, 128, L, S, R, 2>{});
     }
   } else if (id.runs && id.col_tiles == 1) {
     switch (id.head_dim) {
-      case 64: return f(DecodeInstance<Fmt, 64, kTma, false, true>{});
-      case 128: return f(DecodeInstance<Fmt, 128, kTma, false, true>{});
-      case 256: return f(DecodeInstance<Fmt, 256, kTma, false, true>{});
+      case 64: return f(DecodeInstance<Fmt, 64, L, S, R>{});
+      case 128: return f(DecodeInstance<Fmt, 128, L, S, R>{});
+      case 256: return f(DecodeInstance<Fmt, 256, L, S, R>{});
     }
   } else if (id.pair_kv_heads) {
-    if (id.head_dim == 128) return f(DecodeInstance<Fmt, 128, kTma, true>{});
+    if (id.head_dim == 128) return f(DecodeInstance<Fmt, 128, L, P>{});
   } else {
     switch (id.head_dim) {
-      case 64: return f(DecodeInstance<Fmt, 64, kTma, false>{});
-      case 128: return f(DecodeInstance<Fmt, 128, kTma, false>{});
-      case 256: return f(DecodeInstance<Fmt, 256, kTma, false>{});
+      case 64: return f(DecodeInstance<Fmt, 64, L, S>{});
+      case 128: return f(DecodeInstance<Fmt, 128, L, S>{});
+      case 256: return f(DecodeInstance<Fmt, 256, L, S>{});
     }
   }
   detail::throw_unsupported("head_dim", id.head_dim,
@@ -72,10 +74,10 @@ void with_decode_head_dim(const detail::KernelId& id, F&& f) {
 template <class Fmt, class F>
 void with_decode_instance(const detail::KernelId& id, F&& f) {
   if (id.load_path == detail::LoadPath::tma) {
-    if constexpr (!Fmt::kScaled) return with_decode_head_dim<Fmt, true>(id, f);
+    if constexpr (!Fmt::kScaled) return with_decode_head_dim<Fmt, KvLoads::tma>(id, f);
     detail::throw_unsupported("load_path", "tma", "registers for a scaled format");
   }
-  with_decode_head_dim<Fmt, false>(id, f);
+  with_decode_head_dim<Fmt, KvLoads::registers>(id, f);
 }
 
 // Launches the plan's kernel over grid (grid_x, p.num_splits); cluster > 1:

@@ -55,14 +55,14 @@ struct DecodeParams {
 };
 
 // The runs kernel's parameters (decode_runs.cuh): the decode kernel's, which
-// stay as they are, and the query runs and their options.
+// stay as they are, and the query runs and their options. (The prefill
+// kernel has its own: prefill/prefill_params.hpp.)
 struct RunParams : DecodeParams {
   const int32_t* q_start;    // [num_seqs + 1] or null: one row per sequence
   const float* sinks;        // [num_q_heads] sink logits (natural log units), or null
   float softcap_scale;       // soft-cap c > 0: sm_scale * K factor / c (x = softcap_log2 * tanh(s * this))
   float softcap_log2;        // c * log2(e); 0: no soft-cap
   float* lse;                // [rows, num_q_heads] of the single pass, or null
-  int32_t tile_band;         // the prefill kernel's launch order: row tiles per band (plan.launch.tile_band)
 };
 
 template <bool kRuns>

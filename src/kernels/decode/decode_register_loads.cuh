@@ -70,9 +70,9 @@ struct RegisterLoads {
 #pragma unroll
     for (int t = 0; t < 4; ++t) vs_off[t] = scale_head + (2 * c + Cfg::vtok(t)) * srow + v_grp;
     // NVFP4 keeps them: in the runs kernel ptxas recomputed them at every
-    // step group instead (their IMADs, and SHFs for the 64-bit address: 75
-    // of the d128 loop's 2192 instructions, session 20's ncu and SASS),
-    // though it had the registers (228; pinned, 238).
+    // step group instead (their IMADs, and SHFs for the 64-bit address:
+    // about 3% of the head_dim-128 loop's instructions), though it had the
+    // registers.
     if constexpr (Fmt::kScaled) {
 #pragma unroll
       for (int t = 0; t < 2; ++t) k_off[t] = pinned(k_off[t]), ks_off[t] = pinned(ks_off[t]);

@@ -20,8 +20,8 @@ namespace metrale::kernels {
 // j: step j % U of group win_base + j / U), 32 steps per block-table read,
 // the next window read while this one is used. So the K/V loads of a step
 // never wait on the read that locates them (a dependent read per step had
-// put a second memory latency on every step group's critical path, v6 in
-// bench/RESULTS.md), and a CTA's first stages are issued after one read
+// put a second memory latency on every step group's critical path), and a
+// CTA's first stages are issued after one read
 // instead of one per stage.
 template <class Cfg>
 struct SplitSteps {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/mbarrier_ring.cuh"
 #include "kernels/common/tma.cuh"
 #include "kernels/common/vector_loads.cuh"
 #include "kernels/decode/decode_config.cuh"
@@ -34,19 +35,19 @@ struct TmaLoads {
   int kv_head, lane, g, c;
   bool bad_page = false;
   uint8_t* tiles;          // this warp's ring
-  uint32_t bar0;           // its stages' mbarriers, 8 bytes each
+  MbarrierRing<S, RingRelease::by_warp> ring;  // its stages' mbarriers
   uint32_t live_bits = 0;  // bit s*U + u: step u of stage s is attended and on a valid page
 
   // `smem`: the CTA's dynamic shared memory (Cfg's map).
   __device__ __forceinline__ TmaLoads(const DecodeParams& p_, SplitSteps<Cfg>& steps_, uint8_t* smem, int kv_head_,
                                       int warp, int lane_, int g_, int c_)
       : p(p_), steps(steps_), kv_head(kv_head_), lane(lane_), g(g_), c(c_) {
-    uint8_t* const ring =
+    uint8_t* const rings =
         smem + ((Cfg::kRingAlign - (smem_addr(smem) & (Cfg::kRingAlign - 1))) & (Cfg::kRingAlign - 1));
-    tiles = ring + warp * S * Cfg::kStageBytes;
-    bar0 = smem_addr(smem + Cfg::kBarOffset) + warp * S * 8;
+    tiles = rings + warp * S * Cfg::kStageBytes;
+    ring.base = smem_addr(smem + Cfg::kBarOffset) + warp * S * 8;
     if (lane == 0) {
-      for (int s = 0; s < S; ++s) mbar_init(bar0 + 8 * s, 1);
+      for (int s = 0; s < S; ++s) ring.init_full(s, 1);
       fence_mbarrier_init();
     }
     __syncwarp();
@@ -61,7 +62,7 @@ struct TmaLoads {
   // flight.)
   __device__ __forceinline__ void issue(int s, int k) {
     const int st0 = steps.first_step(k);
-    const uint32_t bar = bar0 + 8 * s, dst = smem_addr(tiles) + s * Cfg::kStageBytes;
+    const uint32_t bar = ring.full(s), dst = smem_addr(tiles) + s * Cfg::kStageBytes;
     uint32_t live = 0;
     int32_t page[U];
     steps.group_pages(k, page);
@@ -131,7 +132,7 @@ struct TmaLoads {
     int k = 0, s = 0;
     uint32_t parity = 0;
     while (steps.has_group(k)) {
-      mbar_wait(bar0 + 8 * s, parity);
+      ring.wait_full(s, parity);
       StepBuffers<Cfg> b;
       fill(b, s, steps.first_step(k), (live_bits >> (s * U)) & ((1u << U) - 1));
       __syncwarp();

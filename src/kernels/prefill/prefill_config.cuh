@@ -26,8 +26,8 @@ struct PrefillConfig {
   // at head_dim 128 takes 176 (FlashAttention 3's N there), which spreads
   // a step's fixed work (barriers, turns, waits, shuffles) over 1.375 times
   // the positions, in two stages (S 88 + O 64 + P 44 registers); so does
-  // bf16 at head_dim 64, in three (1.04-1.11x from 4096 tokens, 0.95x at
-  // 1024: session 25, call 1).
+  // bf16 at head_dim 64, in three (faster from 4096 tokens, a little
+  // slower at 1024).
   static constexpr bool kWideTile = Fmt::kBits == 16 && D <= 128;
   static constexpr int kTileTokens = kWideTile ? 176 : (D <= 128 ? 128 : 64);
   // Shared memory: Q [kRows x D], then per stage K and V [kTileTokens x D],

@@ -13,10 +13,10 @@
 
 namespace metrale::kernels {
 
-template <class Fmt, int D, bool kPairs>
+template <class Fmt, int D, TilePairs kTilePairs>
 struct PrefillInstance {
   using Cfg = PrefillConfig<Fmt, D>;
-  static constexpr auto kernel = paged_prefill_kernel<Fmt, D, kPairs>;
+  static constexpr auto kernel = paged_prefill_kernel<Fmt, D, kTilePairs>;
   static void allow_smem() {
     static const bool ok =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) == cudaSuccess;
@@ -28,7 +28,7 @@ struct PrefillInstance {
 // (prefill_item). CTA pairs (id.tile_pairs; head_tiles and tile_band are
 // then even): clusters of two along the tiles, z of the grid or x of the bands.
 template <class Fmt>
-void launch_prefill(const RunParams& p, const detail::KernelId& id, dim3 grid, cudaStream_t stream) {
+void launch_prefill(const PrefillParams& p, const detail::KernelId& id, dim3 grid, cudaStream_t stream) {
   const bool pairs = id.tile_pairs;
   const dim3 cluster = !pairs ? dim3(1, 1, 1) : p.tile_band > 0 ? dim3(2, 1, 1) : dim3(1, 1, 2);
   auto go = [&](auto inst) {
@@ -42,19 +42,20 @@ void launch_prefill(const RunParams& p, const detail::KernelId& id, dim3 grid, c
   constexpr bool kDequantised = Fmt::kBits < 16;
   if (pairs && !geometry::prefill_can_pair_tiles(kDequantised, id.head_dim))
     detail::throw_unsupported("tile_pairs", 1, "bf16, or head_dim 64 / 128 (the prefill kernel's CTA pairs)");
+  constexpr TilePairs P = TilePairs::paired, A = TilePairs::alone;
   switch (id.head_dim) {
-    case 64: return pairs ? go(PrefillInstance<Fmt, 64, true>{}) : go(PrefillInstance<Fmt, 64, false>{});
-    case 128: return pairs ? go(PrefillInstance<Fmt, 128, true>{}) : go(PrefillInstance<Fmt, 128, false>{});
+    case 64: return pairs ? go(PrefillInstance<Fmt, 64, P>{}) : go(PrefillInstance<Fmt, 64, A>{});
+    case 128: return pairs ? go(PrefillInstance<Fmt, 128, P>{}) : go(PrefillInstance<Fmt, 128, A>{});
     case 256:
       if constexpr (geometry::prefill_can_pair_tiles(kDequantised, 256)) {
-        if (pairs) return go(PrefillInstance<Fmt, 256, true>{});
+        if (pairs) return go(PrefillInstance<Fmt, 256, P>{});
       }
-      return go(PrefillInstance<Fmt, 256, false>{});
+      return go(PrefillInstance<Fmt, 256, A>{});
   }
   detail::throw_unsupported("head_dim", id.head_dim, "64, 128, 256");
 }
 
-using PrefillLaunch = void (*)(const RunParams& p, const detail::KernelId& id, dim3 grid, cudaStream_t stream);
+using PrefillLaunch = void (*)(const PrefillParams& p, const detail::KernelId& id, dim3 grid, cudaStream_t stream);
 extern const PrefillLaunch kPrefillBf16, kPrefillFp8, kPrefillNvfp4;
 
 }  // namespace metrale::kernels

@@ -14,12 +14,12 @@
 
 #include <cstdint>
 
-#include "kernels/decode/decode_params.hpp"
 #include "kernels/formats/bf16.cuh"
 #include "kernels/formats/fp8.cuh"
 #include "kernels/formats/nvfp4.cuh"
 #include "kernels/prefill/prefill_config.cuh"
-#include "kernels/prefill/wgmma.cuh"
+#include "kernels/prefill/prefill_params.hpp"
+#include "kernels/common/wgmma.cuh"
 
 namespace metrale::kernels {
 
@@ -130,8 +130,8 @@ struct PrefillTileLoader<Bf16Format, D> {
 // of the quarter the vector i % (8 / kUnits) of its vector block and the
 // row i / (8 / kUnits) of its row block. Then
 //   * a load instruction reads whole rows (kRowsPerLoad of them per group:
-//     one row per thread read 32 rows' 16 bytes per load, and the L1 ran
-//     at 80-87% of its throughput, ncu, session 17);
+//     one row per thread read 32 rows' 16 bytes per load and kept the L1
+//     near its throughput limit);
 //   * in a store instruction (one unit j of every lane's vector) a quarter
 //     warp's 8 units land in 8 different 16-byte bank groups: the vector
 //     sets the swizzled unit's high bits, the row (through the swizzle,
@@ -141,9 +141,8 @@ struct PrefillTileLoader<Bf16Format, D> {
 //     (j, k), plus a constant (the rows of a thread are r0 + kRowsPerLoad *
 //     k, r0 < kRowsPerLoad, and the tile is 1024-byte aligned).
 // (tools/prefill_vector_share_model.py checks all of it at every head_dim.
-// A first version of coalesced loads rotated each lane's units and rows at
-// run time for the same conflict-freedom, which doubled the producer's
-// instructions: session 17, bench/variants.)
+// Coalesced loads that rotate each lane's units and rows at run time for
+// the same conflict-freedom double the producer's instructions.)
 struct PrefillRowAt {
   bool ok;          // the thread's 16-position group has a page to load
   int64_t page_off;
@@ -215,7 +214,7 @@ struct PrefillTileLoader<Fp8Format, D> : PrefillVectorShare<PrefillConfig<Fp8For
   struct Raw {
     uint4 c[Share::kCount];
   };
-  __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams& p, const PrefillRowAt& at, int pt,
+  __device__ __forceinline__ static void fetch(const uint8_t* cache, const PrefillParams& p, const PrefillRowAt& at, int pt,
                                                Raw& raw) {
     const uint8_t* src = cache + at.page_off + int64_t(at.row) * D + Share::vector(pt) * 16;
     const int64_t step = int64_t(Share::kRowsPerLoad) * p.num_kv_heads * D;
@@ -246,7 +245,7 @@ struct PrefillTileLoader<Nvfp4Format, D> : PrefillVectorShare<PrefillConfig<Nvfp
     uint4 c[Share::kCount];
     uint32_t s[Share::kCount];
   };
-  __device__ __forceinline__ static void fetch(const uint8_t* cache, const RunParams& p, const PrefillRowAt& at,
+  __device__ __forceinline__ static void fetch(const uint8_t* cache, const PrefillParams& p, const PrefillRowAt& at,
                                                int pt, Raw& raw) {
     const int m = Share::vector(pt);
     const uint8_t* src = cache + at.page_off + int64_t(at.row) * (D / 2) + m * 16;

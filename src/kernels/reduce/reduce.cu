@@ -21,8 +21,8 @@
 namespace metrale::kernels {
 
 // Splits a thread reads in one round trip. (The code stays short: it runs
-// once per CTA, cold in the instruction cache; a 48-split chunk made batch
-// 1 x 1024 1.6 us slower.)
+// once per CTA, cold in the instruction cache; a 48-split chunk was slower
+// at small batches.)
 constexpr int kReduceChunk = 16;
 // Thread groups of a reduce CTA over S splits: one per kReduceChunk splits,
 // at most 1024 threads.
@@ -50,13 +50,13 @@ __global__ void splitk_reduce_kernel(const __grid_constant__ ReduceParams p) {
   // Per split: its max logit and weight l * exp(m - M). Filled in parallel
   // (a split per thread) so that the merge below issues independent loads:
   // one thread walking the splits' (m, l) records in turn paid a memory
-  // latency per split (18.6 us for 33 splits at batch 1, Nsight Compute).
+  // latency per split.
   __shared__ float m_s[kMaxSplits];
   __shared__ float w_s[kMaxSplits];
   __shared__ float warp_max[32];
   // (a0, a1, L) of each thread of the groups after the first: dynamic, none
-  // with one group. (A static array of 1024 made NVFP4 decode at 2 x 16384
-  // and 4 x 8192, one group, 1.3x slower: likely because the
+  // with one group. (A static array of 1024 slowed the split decode that
+  // launches it, with one group: likely because the
   // reduce's CTAs, launched early as the split pass's programmatic
   // dependents, wait on its SMs with that shared memory.)
   extern __shared__ float3 group_sums[];

@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "kernels/common/tma.cuh"
-#include "kernels/prefill/wgmma_ops.cuh"
+#include "kernels/common/wgmma_ops.cuh"
 
 namespace metrale::kernels::wg {
 
