@@ -8,7 +8,7 @@
 // conflict-free), then out in 16-byte units, a row's units by consecutive
 // threads (a token's q heads are consecutive rows of the output).
 // Split-K (p.workspace): the split's record of each row instead (its
-// normalised outputs and state, SYSTEM.md 4; the sink joins only the
+// normalised outputs and state, docs/spec.md 4; the sink joins only the
 // reduce's final normalisation, which also writes lse).
 #pragma once
 

@@ -1,4 +1,4 @@
-// Query runs over the paged cache at tensor-core rate (SYSTEM.md 8): the
+// Query runs over the paged cache at tensor-core rate (docs/spec.md 8): the
 // Hopper kernel the planner takes for long runs (prompts, chunks of a
 // chunked prefill). Its roles, each a file:
 //   prefill_config.cuh      tiles, roles, register budgets, shared memory

@@ -44,7 +44,7 @@ struct PrefillParams {
   float v_factor;            // V dequant factor applied to the output
   int32_t num_splits;
   bf16* out;                 // single pass: [rows, num_q_heads, D]
-  float* workspace;          // split-K: records of D+2 floats (SYSTEM.md 4)
+  float* workspace;          // split-K: records of D+2 floats (docs/spec.md 4)
   const int32_t* q_start;    // [num_seqs + 1] or null: one row per sequence
   const float* sinks;        // [num_q_heads] sink logits (natural log units), or null
   float softcap_scale;       // soft-cap c > 0: sm_scale * K factor / c (x = softcap_log2 * tanh(s * this))
