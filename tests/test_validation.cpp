@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -169,6 +170,42 @@ TEST(Validation, DecodeShapesAndStrides) {
                         "max_blocks_per_seq 0");
   expect_decode_invalid(f, [](AttnArgs& a) { a.cache.layout.num_kv_heads = 0; }, "num_kv_heads", "0 kv heads");
   expect_decode_invalid(f, [](AttnArgs& a) { a.cache.layout.num_blocks = 0; }, "num_blocks", "0 blocks");
+}
+
+// A q stride along an extent of one, or over no rows at all, is never
+// followed: an empty batch of runs with any head stride, and one row of one
+// head with any row and head strides (multiples of 8), are valid calls.
+TEST(Validation, QStridesOfUnitOrEmptyExtentsAreNotChecked) {
+  DecodeFixture fx(KvFormat::bf16);
+  const std::vector<int32_t> empty_runs(size_t(fx.p.num_seqs()) + 1, 0);
+  AttnArgs a = fx.args();
+  a.q_start = empty_runs.data();
+  a.num_q_rows = 0;
+  a.q_stride = 72;
+  a.q_head_stride = 8;  // q_layout of head-major q over no rows
+  EXPECT_NO_THROW(test::cpu_single_pass(a));
+  EXPECT_TRUE(fx.output_untouched());
+
+  DecodeCase c;
+  c.head_dim = 64;
+  c.num_kv_heads = 1;
+  c.group = 1;
+  c.seq_lens = {20};
+  HostProblem one = make_problem(c, 5);
+  std::vector<bf16> out = poisoned_bf16(one.out_elems());
+  AttnArgs b = one.args(out.data());
+  std::vector<bf16> q(64);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = one.q[i];
+  b.q = q.data();
+  b.q_stride = 8;
+  b.q_head_stride = 16;
+  EXPECT_NO_THROW(test::cpu_single_pass(b));
+  const AttnArgs packed = one.args(out.data());
+  std::vector<bf16> ref = poisoned_bf16(one.out_elems());
+  AttnArgs pr = packed;
+  pr.out = ref.data();
+  test::cpu_single_pass(pr);
+  EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * sizeof(bf16)));
 }
 
 TEST(Validation, CacheSectionsAndPageStrides) {

@@ -38,8 +38,11 @@ void check_row_strides(const char* name, int64_t token_stride, const char* head_
   METRALE_CHECK_ARG(token_stride >= 0 && token_stride % 8 == 0, token_name.c_str(), token_stride,
                     "a multiple of 8 elements >= 0");
   const int64_t hs = head_stride_arg ? head_stride_arg : D;
-  const bool token_major = hs >= D && token_stride >= (H - 1) * hs + D;
-  const bool head_major = token_stride >= D && hs >= (T - 1) * token_stride + D;
+  // A stride along an extent of one (one row, one head) or of no rows at all
+  // is never followed: any multiple of 8 will do.
+  if (T == 0) return;
+  const bool token_major = (H <= 1 || hs >= D) && (T <= 1 || token_stride >= (H - 1) * hs + D);
+  const bool head_major = (T <= 1 || token_stride >= D) && (H <= 1 || hs >= (T - 1) * token_stride + D);
   if (token_major || head_major) return;
   if (head_stride_arg == 0 || hs == D)  // packed heads: the rule of a plain row stride
     throw_invalid(token_name.c_str(), token_stride,
@@ -102,7 +105,7 @@ void validate_attn(const AttnArgs& a, bool writes_out) {
   }
   check_ptr(a.block_tables, "block_tables", false);
   check_ptr(a.seq_lens, "seq_lens", false);
-  check_row_strides("q", a.q_stride, "q_head_stride", a.q_head_stride, std::max(a.rows(), 1), a.num_q_heads, d,
+  check_row_strides("q", a.q_stride, "q_head_stride", a.q_head_stride, a.rows(), a.num_q_heads, d,
                     "num_q_rows", "num_q_heads");
 }
 
