@@ -1,66 +1,14 @@
 // make_prefill_params (prefill_params.hpp): host side only.
 #include "kernels/prefill/prefill_params.hpp"
 
-#include "kernels/decode/kv_tensor_map.hpp"
-#include "metrale/cuda.hpp"
-#include "metrale/error.hpp"
-#include "metrale/format.hpp"
-#include "metrale/plan.hpp"
+#include "kernels/common/attention_params.hpp"
 
 namespace metrale::kernels {
 
 PrefillParams make_prefill_params(const AttnPlan& plan, const AttnArgs& a, float* workspace) {
-  const KvCacheLayout& L = a.cache.layout;
-  const bool writes_records = plan.merge == SplitMerge::workspace || plan.merge == SplitMerge::states_only;
   PrefillParams p{};
-  p.q = a.q;
-  p.q_stride = a.q_stride;
-  p.q_head_stride = a.q_head_stride_used();
-  p.k_cache = static_cast<const uint8_t*>(a.cache.k);
-  p.v_cache = static_cast<const uint8_t*>(a.cache.v);
-  p.page_stride = L.page_stride_bytes;
-  p.scale_offset = L.data_section_bytes;
-  p.num_blocks = int32_t(L.num_blocks);
-  p.block_tables = a.block_tables;
-  p.max_blocks_per_seq = a.max_blocks_per_seq;
-  p.seq_lens = a.seq_lens;
-  p.num_q_heads = a.num_q_heads;
-  p.num_kv_heads = plan.launch.kv_units;
-  p.group = plan.launch.unit_group;
-  p.head_tiles = plan.launch.head_tiles;
-  p.block_size = L.block_size;
-  p.sliding_window = a.sliding_window;
-  // The per-tensor scales and the operand factor (metrale/format.hpp).
-  const KvFormatDesc& f = kv_format_desc(L.format);
-  constexpr float kLog2e = 1.4426950408889634f;
-  const float k_factor = f.k_scale(a.cache.scales) * f.operand_factor;
-  p.qk_log2_scale = a.sm_scale * kLog2e * k_factor;
-  p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
-  p.num_splits = plan.num_splits;
-  // Split-K through the workspace writes the records only; the single pass writes `out` (and lse).
-  p.out = writes_records ? nullptr : a.out;
-  p.workspace = writes_records ? workspace : nullptr;
-  p.q_start = a.q_start;
-  p.sinks = a.sinks;
-  if (a.softcap > 0.0f) {
-    p.softcap_scale = a.sm_scale * k_factor / a.softcap;
-    p.softcap_log2 = a.softcap * kLog2e;
-  }
-  p.lse = writes_records ? nullptr : a.lse;
+  fill_attention_params(p, plan, a, workspace);
   p.tile_band = plan.launch.tile_band;
-  if (plan.launch.load_path == metrale::detail::LoadPath::tma) {
-    // Bound to the cache's base pointers, which change from layer to layer:
-    // encoded per call (host work only; a graph replay repeats none of it).
-    // Paired heads (a decode plan's; kept alike here) see a row of twice the
-    // head_dim per head pair.
-    KvCacheLayout map_layout = L;
-    if (plan.launch.pair_kv_heads) {
-      map_layout.head_dim *= 2;
-      map_layout.num_kv_heads /= 2;
-    }
-    if (!make_kv_tensor_map(p.k_map, a.cache.k, map_layout) || !make_kv_tensor_map(p.v_map, a.cache.v, map_layout))
-      throw CudaError("metrale: cuTensorMapEncodeTiled failed for the TMA plan's cache maps");
-  }
   return p;
 }
 
