@@ -1,8 +1,10 @@
-"""Before/after table of tools/bench_ab.sh's CSVs: per (op, shape) the best
-time of each binary over the rounds, their ratio, and the read ceilings."""
+"""Before/after table of tools/bench_ab.sh's CSVs (and prefill_bench logs):
+per (op, shape) the best time of each binary over the rounds, their ratio,
+and the read ceilings."""
 import csv
 import glob
 import os
+import re
 import sys
 
 
@@ -31,4 +33,22 @@ for op in ("decode", "write"):
             ratio = b[key] / a[key]
             worst = max(worst, abs(ratio - 1))
             print(f"{key[1]:<40} {a[key]:9.1f} {b[key]:9.1f} {ratio:7.3f}")
+# prefill_bench rows: "<format> <shape> <us> us <TFLOPS> TFLOPS ...".
+prefill = {}
+for path in glob.glob(os.path.join(out, "prefill_[AB]_*.log")):
+    side = os.path.basename(path).split("_")[1]
+    for line in open(path):
+        m = re.match(r"(\S+)\s+(\S+)\s+([\d.]+) us", line)
+        if m:
+            key = (m[1], m[2])
+            prefill.setdefault(key, {})
+            prefill[key][side] = min(prefill[key].get(side, float("inf")), float(m[3]))
+if prefill:
+    print("## prefill")
+    print(f"{'format shape':<40} {'A us':>9} {'B us':>9} {'B/A':>7}")
+    for key, t in sorted(prefill.items()):
+        if "A" in t and "B" in t:
+            ratio = t["B"] / t["A"]
+            worst = max(worst, abs(ratio - 1))
+            print(f"{key[0] + ' ' + key[1]:<40} {t['A']:9.1f} {t['B']:9.1f} {ratio:7.3f}")
 print(f"largest |B/A - 1| = {100 * worst:.1f}%")
