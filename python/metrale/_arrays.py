@@ -91,8 +91,8 @@ def make_layout(
     else:
         layout = KvCacheLayout.nvfp4(num_blocks, block_size, num_kv_heads, head_dim, block_stride_bytes,
                                      data_section_bytes)
-    if nvfp4_scales != "max6" or f == KvFormat.nvfp4:
-        layout = layout.with_nvfp4_scales(nvfp4_scales)  # ValueError for a bad name or a non-NVFP4 format
+    if nvfp4_scales != "max6":  # the layouts' default; with_nvfp4_scales raises ValueError for a bad name or format
+        layout = layout.with_nvfp4_scales(nvfp4_scales)
     layout.validate()
     return layout
 

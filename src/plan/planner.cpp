@@ -137,6 +137,16 @@ bool prefill_takes(const AttnProblem& p, const AttnTarget& target, int32_t kv_un
   return 2 * ctas * (one ? 1 : prefill_splits(p, target, ctas)) >= target.num_sms;
 }
 
+// A plan's split count: the forced one, 1 for a single-pass merge left to the
+// planner, else the planner's own (`own()`); a single-pass merge with a
+// forced count other than 1 is refused.
+template <class Own>
+int32_t split_count(const AttnPlanOptions& opt, Own own) {
+  const int32_t n = opt.num_splits > 0 ? opt.num_splits : opt.merge == SplitMerge::single_pass ? 1 : own();
+  if (opt.merge == SplitMerge::single_pass && n != 1) detail::throw_invalid("merge", "single_pass", "num_splits 1");
+  return n;
+}
+
 // The split-K workspace of a plan that merges through it, inside the bound
 // (AttnPlanOptions::max_workspace_bytes): a forced split count (or a
 // states_only plan) past it is refused before anything is allocated; the
@@ -262,11 +272,7 @@ AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, con
       plan.launch.tile_band += plan.launch.tile_band % 2;
     }
     plan.launch.ctas_per_seq = int64_t(plan.launch.kv_units) * plan.launch.head_tiles;
-    plan.num_splits = opt.num_splits > 0                    ? opt.num_splits
-                      : opt.merge == SplitMerge::single_pass ? 1
-                                                              : prefill_splits(p, target, plan.grid_x(p.num_seqs));
-    if (opt.merge == SplitMerge::single_pass && plan.num_splits != 1)
-      detail::throw_invalid("merge", "single_pass", "num_splits 1");
+    plan.num_splits = split_count(opt, [&] { return prefill_splits(p, target, plan.grid_x(p.num_seqs)); });
     // Its splits merge through the workspace (no cluster merge).
     if (opt.merge == SplitMerge::cluster) detail::throw_unsupported("merge", "cluster", "a plan of the runs or decode kernel");
     plan.merge = opt.merge == SplitMerge::states_only                          ? SplitMerge::states_only
@@ -286,10 +292,7 @@ AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, con
   const int64_t base_ctas = plan.grid_x(p.num_seqs);
 
   // Splits.
-  // merge = single_pass with the count left to the planner is one split.
-  plan.num_splits = opt.num_splits > 0                    ? opt.num_splits
-                    : opt.merge == SplitMerge::single_pass ? 1
-                                                            : fill_splits(base_ctas, attended_len(p), wave);
+  plan.num_splits = split_count(opt, [&] { return fill_splits(base_ctas, attended_len(p), wave); });
 
   // Load path: TMA for the formats without a scale section wherever the
   // target encodes tensor maps (the TMA ring carries no scale rows; the
@@ -316,7 +319,6 @@ AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, con
                                                                 : SplitMerge::workspace;
       break;
     case SplitMerge::single_pass:
-      if (plan.num_splits != 1) detail::throw_invalid("merge", "single_pass", "num_splits 1");
       plan.merge = SplitMerge::single_pass;
       break;
     case SplitMerge::cluster:
