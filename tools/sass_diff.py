@@ -31,7 +31,9 @@ import re
 import subprocess
 import sys
 
-LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+import sass_parse
+from sass_parse import opcode
+
 CONST = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")
 REGS = re.compile(r"\b(U?R|U?P|B)(\d+|Z|T)\b")
 TARGET = re.compile(r"\b0x[0-9a-f]+\b")
@@ -51,18 +53,8 @@ def cuobjdump(args):
 
 def functions(path):
     """[(mangled name, [instruction text])] in cuobjdump's order."""
-    out, cur = [], None
-    for raw in cuobjdump(["-sass", path]).splitlines():
-        if "Function :" in raw:
-            cur = (raw.split("Function :", 1)[1].strip(), [])
-            out.append(cur)
-            continue
-        if cur is None:
-            continue
-        m = LINE.search(raw)
-        if m:
-            cur[1].append(re.sub(r"\s+", " ", m.group(2)))
-    return out
+    return [(name, [re.sub(r"\s+", " ", t) for _, t in insts])
+            for name, insts in sass_parse.functions(cuobjdump(["-sass", path]).splitlines())]
 
 
 def resources(path):
@@ -87,11 +79,6 @@ def base_name(demangled):
     """The function's identifier without its namespace, template arguments or parameters."""
     head = demangled.split("<", 1)[0].split("(", 1)[0]
     return head.split("::")[-1].split()[-1] if head.strip() else demangled
-
-
-def opcode(text):
-    t = re.sub(r"^@!?U?P\w+\s+", "", text).split()
-    return t[0] if t else ""
 
 
 def signature(demangled):

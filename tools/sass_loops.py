@@ -19,30 +19,20 @@ import collections
 import re
 import sys
 
-LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+import sass_parse
+
 BRANCH = re.compile(r"\bBRA\b(?:\.\S+)?\s+(?:\w+,\s*)?0x([0-9a-f]+)")
 
 
 def functions(path):
     """{mangled name: [(address, instruction text)]} of a cuobjdump -sass file."""
-    out, name = {}, None
-    for raw in open(path):
-        if "Function :" in raw:
-            name = raw.split("Function :", 1)[1].strip()
-            out[name] = []
-            continue
-        if name is None:
-            continue
-        m = LINE.search(raw)
-        if m:
-            out[name].append((int(m.group(1), 16), m.group(2)))
-    return out
+    with open(path) as f:
+        return dict(sass_parse.functions(f))
 
 
 def family(text):
     """An instruction's opcode without its predicate and modifiers (HGMMA, MUFU, ...)."""
-    t = re.sub(r"^@!?U?P\w+\s+", "", text).split()
-    return t[0].split(".")[0] if t else ""
+    return sass_parse.opcode(text).split(".")[0]
 
 
 def loops(insts):
