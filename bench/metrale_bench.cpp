@@ -192,8 +192,11 @@ int main(int argc, char** argv) {
         int64_t* slots = nullptr;
         cuda_ok(cudaMalloc(&key, kSets * set_elems * sizeof(bf16)), "cudaMalloc(key)");
         cuda_ok(cudaMalloc(&value, kSets * set_elems * sizeof(bf16)), "cudaMalloc(value)");
-        cuda_ok(cudaMemset(key, 0x3c, kSets * set_elems * sizeof(bf16)), "memset");
-        cuda_ok(cudaMemset(value, 0x3b, kSets * set_elems * sizeof(bf16)), "memset");
+        // Model-like values (roughly normal, a few large ones), so that the
+        // NVFP4 groups' scales vary as a model's do (a constant fill gives
+        // every group one scale and the quantizers their easiest path).
+        metrale::bench::random_bf16(key, int64_t(kSets * set_elems), row_len, 11);
+        metrale::bench::random_bf16(value, int64_t(kSets * set_elems), row_len, 12);
         cuda_ok(cudaMalloc(&slots, kSets * tokens * sizeof(int64_t)), "cudaMalloc(slots)");
         const AttnArgs a = w.args(0, out);
         const int64_t cap = a.cache.layout.capacity_slots();
