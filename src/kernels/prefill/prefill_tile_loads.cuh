@@ -19,6 +19,7 @@
 #include "kernels/formats/nvfp4.cuh"
 #include "kernels/prefill/prefill_config.cuh"
 #include "kernels/prefill/prefill_params.hpp"
+#include "kernels/common/cp_async.cuh"
 #include "kernels/common/wgmma.cuh"
 
 namespace metrale::kernels {
@@ -106,11 +107,11 @@ struct PrefillTileLoader<Bf16Format, D> {
       int32_t row = 0;
       const bool ok = rows.locate(p0 + t, page_off, row);
       const int64_t off = ok ? page_off + (int64_t(row) * D + u * 8) * 2 : 0;
-      wg::cp_async_16(tile + wg::swizzle_offset(Cfg::kTileTokens, t, u), cache + off, ok);
+      cp_async_16_or_zero(tile + wg::swizzle_offset(Cfg::kTileTokens, t, u), cache + off, ok);
     }
     if (tail_rows > 0) {
-      wg::cp_async_commit();
-      wg::cp_async_wait<0>();
+      cp_async_commit();
+      cp_async_wait<0>();
       wg::fence_proxy_async();
     }
     mbar_arrive(full);
