@@ -82,10 +82,14 @@ namespace metrale::kernels {
 // with sinks, soft-cap and lse (decode_runs.cuh); decode with those options
 // runs it too.
 // NT: the runs kernel's n-tiles of 8 columns; HP: its parts of head_dim
-// (teams of two warps; DecodeConfig).
+// (teams of two warps; DecodeConfig). The bound states the occupancy the
+// split planner counts on (geometry::kDecodeCtasPerSm): without it ptxas
+// held some instantiations at 168 registers (3 CTAs per SM, which their
+// shared memory does not allow) and spilled.
 template <class Fmt, int D, KvLoads kLoads, KvHeads kHeads, Columns kColumns = Columns::heads, int NT = 1, int HP = 1>
 __global__ void __launch_bounds__(
-    DecodeConfig<Fmt, D, kLoads == KvLoads::tma, kHeads == KvHeads::paired, NT, HP>::kThreads)
+    DecodeConfig<Fmt, D, kLoads == KvLoads::tma, kHeads == KvHeads::paired, NT, HP>::kThreads,
+    geometry::kDecodeCtasPerSm)
     paged_decode_kernel(const __grid_constant__ KernelParams<kColumns == Columns::query_runs> p) {
   constexpr bool kTma = kLoads == KvLoads::tma, kPair = kHeads == KvHeads::paired;
   constexpr bool kRuns = kColumns == Columns::query_runs;

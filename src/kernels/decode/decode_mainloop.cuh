@@ -1,15 +1,15 @@
 // The decode kernel's mainloop (decode_kernel.cuh): attention over one
-// group of U steps a load pipeline delivers (StepBuffers), per 16-token step
-//   S^T = K Q^T      scores(): the K fragments dequantised once for the NT
-//                    n-tiles, two MMA chains where registers allow, teams of
-//                    two warps summing their halves of head_dim
-//   logits           scaled or soft-capped, masked to the columns' ranges
-//                    (in the step itself: split out, its bounds tests
-//                    compiled differently)
-//   online softmax   softmax(): the reference max raised only past
-//                    kRescaleThreshold, O^T rescaled then
-//   O^T += V^T P^T   pv(): P^T's B fragments (movmatrix), V masked outside
-//                    the span, dequantised once for the NT n-tiles
+// group of U 16-token steps a load pipeline delivers (StepBuffers):
+//   S^T = K Q^T      scores(), per step: the K fragments dequantised once for
+//                    the NT n-tiles, two MMA chains where registers allow,
+//                    teams of two warps summing their halves of head_dim
+//   logits           logits(): scaled or soft-capped, masked to the columns'
+//                    ranges
+//   online softmax   softmax(), once per group: the reference max raised
+//                    only past kRescaleThreshold, O^T rescaled then
+//   O^T += V^T P^T   mask_v() where a step is not wholly attended, then
+//                    pv(), per step: P^T's B fragments (movmatrix), V
+//                    dequantised once for the NT n-tiles
 // The state (Q^T fragments, O^T, maxima, sums) is the kernel's registers;
 // DecodeStep refers to it.
 #pragma once
@@ -153,20 +153,27 @@ struct DecodeStep {
     }
   }
 
-  // The online softmax of step x: mx, the step's maxima per column.
-  __device__ __forceinline__ void softmax(const float (&x)[NT][4], float (&mx)[NT][2]) const {
+  // The online softmax of the group's logits x (U steps): the reference
+  // max is raised, and O^T rescaled, once per group (not per step), where
+  // some logit passes it by the threshold; the exact max follows every
+  // logit. One such test per group halves the tests and votes, and leaves
+  // the steps' QK and PV free of branches between them, so the compiler
+  // interleaves the steps' conversions and MMAs.
+  __device__ __forceinline__ void softmax(const float (&x)[U][NT][4]) const {
     const float kNegInf = -__int_as_float(0x7f800000);
+    float mx[NT][2];
     bool raise = false;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      mx[n][0] = fmaxf(x[n][0], x[n][2]);
-      mx[n][1] = fmaxf(x[n][1], x[n][3]);
-      m_true[n][0] = fmaxf(m_true[n][0], mx[n][0]);
-      m_true[n][1] = fmaxf(m_true[n][1], mx[n][1]);
-      // The reference max is shared by the 8 threads of a column (same c):
-      // raised only when some logit passes it by the threshold.
-      raise = raise || mx[n][0] > m_run[n][0] + Cfg::kRescaleThreshold ||
-              mx[n][1] > m_run[n][1] + Cfg::kRescaleThreshold;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        mx[n][j] = fmaxf(x[0][n][j], x[0][n][j + 2]);
+#pragma unroll
+        for (int u = 1; u < U; ++u) mx[n][j] = fmaxf(mx[n][j], fmaxf(x[u][n][j], x[u][n][j + 2]));
+        m_true[n][j] = fmaxf(m_true[n][j], mx[n][j]);
+        // The reference max is shared by the 8 threads of a column (same c).
+        raise = raise || mx[n][j] > m_run[n][j] + Cfg::kRescaleThreshold;
+      }
     }
     if (__any_sync(0xffffffffu, raise)) {
 #pragma unroll
@@ -191,10 +198,23 @@ struct DecodeStep {
     }
   }
 
-  // P^T of x into l and O^T += V^T P^T (pb0, pb1: P^T's B fragments).
-  __device__ __forceinline__ void pv(StepBuffers<Cfg>& b, int u, const float (&x)[NT][4], uint32_t (&pb0)[NT],
-                                     uint32_t (&pb1)[NT], int32_t pos0, bool live, bool full) const {
+  // Unattended slots of step u hold whatever the cache held (possibly NaN
+  // codes): a zero weight times NaN is NaN, so their V operands are zeroed.
+  __device__ __forceinline__ void mask_v(StepBuffers<Cfg>& b, int u, int32_t pos0, bool live) const {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int32_t pos = pos0 + 2 * c + Cfg::vtok(t);
+      const bool ok = live && pos >= span_begin && pos < span_end;
+#pragma unroll
+      for (int w = 0; w < Cfg::kVWords; ++w) b.vw[u][t][w] = ok ? b.vw[u][t][w] : 0u;
+      if constexpr (Fmt::kScaled) b.vs[u][t] = ok ? b.vs[u][t] : 0u;
+    }
+  }
+
+  // P^T of step u's logits x into l and O^T += V^T P^T.
+  __device__ __forceinline__ void pv(StepBuffers<Cfg>& b, int u, const float (&x)[NT][4]) const {
     const float kNegInf = -__int_as_float(0x7f800000);
+    uint32_t pb0[NT], pb1[NT];  // P^T's B fragments
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       const float ref0 = m_run[n][0] == kNegInf ? 0.0f : m_run[n][0];
@@ -205,18 +225,6 @@ struct DecodeStep {
       l_part[n][1] += p1 + p3;
       pb0[n] = movmatrix_trans(pack2<Op>(p0, p1));
       pb1[n] = movmatrix_trans(pack2<Op>(p2, p3));
-    }
-    // Unattended slots hold whatever the cache held (possibly NaN codes):
-    // a zero weight times NaN is NaN, so their V operands are zeroed too.
-    if (!full) {
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const int32_t pos = pos0 + 2 * c + Cfg::vtok(t);
-        const bool ok = live && pos >= span_begin && pos < span_end;
-#pragma unroll
-        for (int w = 0; w < Cfg::kVWords; ++w) b.vw[u][t][w] = ok ? b.vw[u][t][w] : 0u;
-        if constexpr (Fmt::kScaled) b.vs[u][t] = ok ? b.vs[u][t] : 0u;
-      }
     }
     // Two tiles at a time: elements 2m .. 2m+3 of the V eighth rows (one
     // NVFP4 scale group: groups are 8 or 16 aligned elements), each
@@ -242,64 +250,94 @@ struct DecodeStep {
     }
   }
 
-  // Attention over the steps held in `b`: QK, online softmax, PV.
-  __device__ void operator()(StepBuffers<Cfg>& b) const {
+  // Logits of the group's steps in log2 units (x[u][n][r]: token g + 8 (r /
+  // 2) of step u, column 8n + 2c + r % 2): scaled or soft-capped, positions
+  // outside the columns' ranges (decode: [first_pos, seq_len)) at -inf.
+  __device__ __forceinline__ void logits(const StepBuffers<Cfg>& b, const float (&s)[U][NT][4],
+                                         float (&x)[U][NT][4]) const {
     const float kNegInf = -__int_as_float(0x7f800000);
+    if constexpr (kRuns) {
+      // Soft-capped or scaled (one warp-uniform branch), then masked to each
+      // column's range unless every step lies inside every column's range
+      // (most groups; the masks and the soft-cap select were 12% of NVFP4's
+      // instructions).
+      if (p.softcap_log2 > 0.0f) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float s[NT][4], s_odd[NT][4];
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) s[n][r] = s_odd[n][r] = 0.0f;
-      scores(b, u, s, s_odd);
-      // Logits in log2 units; positions outside [first_pos, seq_len) are masked.
-      // Most steps lie wholly inside the attended range (warp-uniform test)
-      // and skip the V masking below.
-      const int st = b.st0 + u;
-      const bool live = (b.live >> u) & 1u;
-      const int32_t pos0 = split_pos0 + st * Cfg::kStepTokens;  // pages hold whole steps
-      const bool full = live && pos0 >= span_begin && pos0 + Cfg::kStepTokens <= span_end;
-      float x[NT][4];
-      if constexpr (kRuns) {
-        // x[n][r]: token g + 8 (r / 2), column 8n + 2c + r % 2: soft-capped or
-        // scaled (one warp-uniform branch), then masked to its column's range
-        // unless the step lies inside every column's range (most steps; the
-        // masks and the soft-cap select were 12% of NVFP4's instructions).
-        if (p.softcap_log2 > 0.0f) {
+        for (int u = 0; u < U; ++u)
 #pragma unroll
           for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) x[n][r] = p.softcap_log2 * fast_tanh(s[n][r] * p.softcap_scale);
-        } else {
+            for (int r = 0; r < 4; ++r) x[u][n][r] = p.softcap_log2 * fast_tanh(s[u][n][r] * p.softcap_scale);
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
 #pragma unroll
           for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) x[n][r] = s[n][r] * p.qk_log2_scale;
-        }
-        if (!(live && pos0 >= inner_begin && pos0 + Cfg::kStepTokens <= inner_end)) {
+            for (int r = 0; r < 4; ++r) x[u][n][r] = s[u][n][r] * p.qk_log2_scale;
+      }
+      const int32_t pos0 = step_pos(b, 0);
+      const bool inner = b.live == (1u << U) - 1 && pos0 >= inner_begin && pos0 + U * Cfg::kStepTokens <= inner_end;
+      if (!inner) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const bool live = (b.live >> u) & 1u;
 #pragma unroll
           for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-              const int32_t t = pos0 + g + 8 * (r / 2);
+              const int32_t t = step_pos(b, u) + g + 8 * (r / 2);
               const bool ok = live && t >= col_begin[n][r % 2] && t < col_end[n][r % 2];
-              x[n][r] = ok ? x[n][r] : kNegInf;
+              x[u][n][r] = ok ? x[u][n][r] : kNegInf;
             }
         }
-      } else {
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const bool live = (b.live >> u) & 1u;
+        const int32_t pos0 = step_pos(b, u);
         const bool ok_lo = live && pos0 + g >= first_pos && pos0 + g < seq_len;
         const bool ok_hi = live && pos0 + g + 8 >= first_pos && pos0 + g + 8 < seq_len;
-        x[0][0] = ok_lo ? s[0][0] * p.qk_log2_scale : kNegInf;
-        x[0][1] = ok_lo ? s[0][1] * p.qk_log2_scale : kNegInf;
-        x[0][2] = ok_hi ? s[0][2] * p.qk_log2_scale : kNegInf;
-        x[0][3] = ok_hi ? s[0][3] * p.qk_log2_scale : kNegInf;
+        x[u][0][0] = ok_lo ? s[u][0][0] * p.qk_log2_scale : kNegInf;
+        x[u][0][1] = ok_lo ? s[u][0][1] * p.qk_log2_scale : kNegInf;
+        x[u][0][2] = ok_hi ? s[u][0][2] * p.qk_log2_scale : kNegInf;
+        x[u][0][3] = ok_hi ? s[u][0][3] * p.qk_log2_scale : kNegInf;
       }
-      float mx[NT][2];
-      softmax(x, mx);
-      uint32_t pb0[NT], pb1[NT];
-      pv(b, u, x, pb0, pb1, pos0, live, full);
     }
+  }
+
+  // Position of step u of the group (pages hold whole steps; a group's
+  // steps are consecutive).
+  __device__ __forceinline__ int32_t step_pos(const StepBuffers<Cfg>& b, int u) const {
+    return split_pos0 + (b.st0 + u) * Cfg::kStepTokens;
+  }
+
+  // Attention over the group of steps held in `b`: QK of every step, the
+  // logits, one online-softmax update, V masked where a step is not wholly
+  // attended (warp-uniform test; most groups skip it), PV of every step.
+  __device__ void operator()(StepBuffers<Cfg>& b) const {
+    float s[U][NT][4];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float s_odd[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[u][n][r] = s_odd[n][r] = 0.0f;
+      scores(b, u, s[u], s_odd);
+    }
+    float x[U][NT][4];
+    logits(b, s, x);
+    softmax(x);
+    const int32_t pos0 = step_pos(b, 0);
+    const bool full = b.live == (1u << U) - 1 && pos0 >= span_begin && pos0 + U * Cfg::kStepTokens <= span_end;
+    if (!full) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) mask_v(b, u, step_pos(b, u), (b.live >> u) & 1u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) pv(b, u, x[u]);
   }
 };
 

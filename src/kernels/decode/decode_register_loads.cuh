@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/vector_loads.cuh"
 #include "kernels/decode/decode_config.cuh"
@@ -89,8 +90,12 @@ struct RegisterLoads {
   }
 
   // Issues the loads of the warp's step group k (steps st0 .. st0+U-1) into
-  // `b` (steps past the split or on a corrupt page load nothing and stay
-  // zero).
+  // `b`. Steps past the split or on a corrupt page load nothing. The wider
+  // formats zero such a step's words (first, for every step: the words are
+  // then dead before the loads); NVFP4's keep what the buffer held (zero,
+  // or an earlier group's cache bytes), which compute() never lets reach a
+  // result (the step's logits are selected to -inf, its V words to 0): no
+  // zeroing per step (its stores were 2% of the loop's instructions).
   __device__ __forceinline__ void load(StepBuffers<Cfg>& b, int k) {
     const int st0 = steps.first_step(k);
     int32_t pg[U];
@@ -104,47 +109,57 @@ struct RegisterLoads {
       const bool live = st < steps.total_steps && page_ok;
       if (u == 0) b.st0 = st0, b.live = 0;
       b.live |= uint32_t(live) << u;
+      if constexpr (!Fmt::kScaled) {
 #pragma unroll
-      for (int t = 0; t < 2; ++t)
+        for (int t = 0; t < 2; ++t)
 #pragma unroll
-        for (int w = 0; w < Cfg::kKWords; ++w) b.kw[u][t][w] = 0;
+          for (int w = 0; w < Cfg::kKWords; ++w) b.kw[u][t][w] = 0;
 #pragma unroll
-      for (int t = 0; t < 4; ++t)
+        for (int t = 0; t < 4; ++t)
 #pragma unroll
-        for (int w = 0; w < Cfg::kVWords; ++w) b.vw[u][t][w] = 0;
-      b.ks[u][0] = b.ks[u][1] = 0;
-      b.vs[u][0] = b.vs[u][1] = b.vs[u][2] = b.vs[u][3] = 0;
+          for (int w = 0; w < Cfg::kVWords; ++w) b.vw[u][t][w] = 0;
+      }
       if (!live) continue;  // nothing to load; compute() masks the whole step
-      const int32_t tok0 = steps.token0(st);
+      const Offset tok0 = Offset(steps.token0(st));
       const int64_t page_off = int64_t(page) * p.page_stride;
-      const uint8_t* kp = p.k_cache + page_off + tok0 * row_stride;
-      const uint8_t* vp = p.v_cache + page_off + tok0 * row_stride;
+      const uint8_t* kp = p.k_cache + page_off + tok0 * Offset(row_stride);
+      const uint8_t* vp = p.v_cache + page_off + tok0 * Offset(row_stride);
 #pragma unroll
       for (int t = 0; t < 2; ++t)
 #pragma unroll
         for (int i = 0; i < Cfg::kKVecs; ++i)
-          load_vec<Cfg::kKVecBytes>(kp + (Fmt::kScaled ? k_off[t] : k_offset(t)) + i * 4 * Cfg::kKVecBytes,
+          load_vec<Cfg::kKVecBytes>(Fmt::kScaled ? kp + Offset(k_off[t] + i * 4 * Cfg::kKVecBytes)
+                                                 : kp + k_offset(t) + i * 4 * Cfg::kKVecBytes,
                                     &b.kw[u][t][i * Cfg::kKVecBytes / 4]);
 #pragma unroll
       for (int t = 0; t < 4; ++t)
 #pragma unroll
         for (int i = 0; i < Cfg::kVVecs; ++i)
-          load_vec<Cfg::kVVecBytes>(vp + (Fmt::kScaled ? v_off[t] : v_offset(t)) + i * 8 * Cfg::kVVecBytes,
+          load_vec<Cfg::kVVecBytes>(Fmt::kScaled ? vp + Offset(v_off[t] + i * 8 * Cfg::kVVecBytes)
+                                                 : vp + v_offset(t) + i * 8 * Cfg::kVVecBytes,
                                     &b.vw[u][t][i * Cfg::kVVecBytes / 4]);
       if constexpr (Fmt::kScaled) {
-        const uint8_t* ksp = p.k_cache + page_off + tok0 * srow;
-        const uint8_t* vsp = p.v_cache + page_off + tok0 * srow;
+        const uint8_t* ksp = p.k_cache + page_off + tok0 * Offset(srow);
+        const uint8_t* vsp = p.v_cache + page_off + tok0 * Offset(srow);
 #pragma unroll
-        for (int t = 0; t < 2; ++t)
+        for (int t = 0; t < 2; ++t) {
+          b.ks[u][t] = 0;
 #pragma unroll
           for (int i = 0; i < Cfg::kKVecs; ++i)
-            b.ks[u][t] |= load_bytes<kKScalesPerVec>(ksp + ks_off[t] + i * 4 * kKScalesPerVec)
+            b.ks[u][t] |= load_bytes<kKScalesPerVec>(ksp + Offset(ks_off[t] + i * 4 * kKScalesPerVec))
                           << (8 * i * kKScalesPerVec);
+        }
 #pragma unroll
-        for (int t = 0; t < 4; ++t) b.vs[u][t] = load_bytes<Cfg::kVScaleBytes>(vsp + vs_off[t]);
+        for (int t = 0; t < 4; ++t) b.vs[u][t] = load_bytes<Cfg::kVScaleBytes>(vsp + Offset(vs_off[t]));
       }
     }
   }
+
+  // Offsets inside a page: NVFP4 adds them unsigned, an IADD3 and an IMAD.X
+  // per load (signed, ptxas added base, page and offset in two three-input
+  // IADD3 per load and held every offset as 64 bits); the wider formats'
+  // register path (a fallback) keeps them signed, with which it spills less.
+  using Offset = std::conditional_t<Fmt::kScaled, uint32_t, int32_t>;
 
   // The pipeline: stage k's buffer is computed while the loads of the
   // kStages-1 following step groups are in flight. The stage loop is
@@ -154,6 +169,10 @@ struct RegisterLoads {
   __device__ __forceinline__ void run(Compute&& compute) {
     constexpr int S = Cfg::kStages;
     StepBuffers<Cfg> buf[S];
+    if constexpr (Fmt::kScaled) {  // the buffers' state before their first group (load)
+#pragma unroll
+      for (int k = 0; k < S; ++k) buf[k] = {};
+    }
 #pragma unroll
     for (int k = 0; k + 1 < S; ++k) load(buf[k], k);
     int k0 = 0;  // group held by buf[0]
