@@ -229,21 +229,19 @@ METRALE_HD float nvfp4_group_sq_error(const float* x, uint8_t s, float global_sc
 }
 
 // Quantizes one group by Nvfp4ScaleRule::adaptive ("Four Over Six"): the
-// spec's scale s6 = e4m3_rne_satfinite(q6), q6 = amax / (6 g), and the
-// candidate s4 = e4m3_rne_satfinite(1.5f * q6) (the absmax mapped to 4, up to
-// the f32 rounding of the product; a scale about 1.5x larger; one multiply
-// where amax / (4 g) would be a second division), each encoded as the spec
-// does (nvfp4_encode_group); s4 and its codes are kept when
-// nvfp4_group_sq_error(s4) < nvfp4_group_sq_error(s6), otherwise (ties
-// included) s6 and its codes. A group whose s6 is 0 or NaN keeps max6's
-// result (all codes 0), as does one where s4 == s6 (same codes). Same
-// arguments and result as nvfp4_quantize_group.
+// spec's scale s6 = e4m3_rne_satfinite(amax / (6 g)) and the candidate s4 =
+// e4m3_rne_satfinite(amax / (4 g)) (the absmax mapped to 4, a scale about
+// 1.5x larger), each encoded as the spec does (nvfp4_encode_group); s4 and
+// its codes are kept when nvfp4_group_sq_error(s4) < nvfp4_group_sq_error(s6),
+// otherwise (ties included) s6 and its codes. A group whose s6 is 0 or NaN
+// keeps max6's result (all codes 0), as does one where s4 == s6 (same
+// codes). Same arguments and result as nvfp4_quantize_group.
 METRALE_HD uint8_t nvfp4_quantize_group_adaptive(const float* x, float global_scale, uint8_t* packed) {
-  const float q6 = nvfp4_group_amax(x) / (6.0f * global_scale);
-  const uint8_t s6 = e4m3_rne_satfinite(q6);
+  const float amax = nvfp4_group_amax(x);
+  const uint8_t s6 = e4m3_rne_satfinite(amax / (6.0f * global_scale));
   nvfp4_encode_group(x, s6, global_scale, packed);
   if ((s6 & 0x7fu) == 0 || s6 == kE4M3NaN) return s6;
-  const uint8_t s4 = e4m3_rne_satfinite(mul_rn(1.5f, q6));
+  const uint8_t s4 = e4m3_rne_satfinite(amax / (4.0f * global_scale));
   if (s4 == s6) return s6;
   uint8_t packed4[kNvfp4GroupSize / 2];
   nvfp4_encode_group(x, s4, global_scale, packed4);

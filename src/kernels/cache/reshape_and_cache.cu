@@ -40,9 +40,7 @@
 //    for an extreme g; bit-identical to codec::nvfp4_quantize_group_adaptive,
 //    kernels/cache/quantize_adaptive.cuh) in its own kernel over the unit
 //    route's body, so max6's kernels are untouched and adaptive adds three
-//    small instantiations (packed / head-strided heads, extreme g). Its unit
-//    route reads each candidate's 1 / (float(s) * g) and float(s)^2 from
-//    tables the block fills in shared memory at its start.
+//    small instantiations (packed / head-strided heads, extreme g).
 //  * A slot < 0 is padding (skipped). A slot >= capacity is skipped and
 //    counted: the thread holding a token's first chunk counts it; counts are
 //    summed per warp and added with one atomicAdd per warp that saw any.
@@ -212,12 +210,6 @@ __device__ __forceinline__ uint4 ldg_nc_v4_early(const void* ptr) {
 // (fastq::nvfp4_quantize_2groups_adaptive_codec) for the others.
 enum class UnitQuant { max6, adaptive, adaptive_codec };
 
-// UnitQuant::adaptive's tables in shared memory, one entry per E4M3 code:
-// inv of K's g, inv of V's g, sq (offsets in floats).
-constexpr int kAdaptiveTableLen = 128;
-constexpr int kAdaptiveTables = 3;
-constexpr int kAdaptiveTableK = 0, kAdaptiveTableV = kAdaptiveTableLen, kAdaptiveTableSq = 2 * kAdaptiveTableLen;
-
 // The NVFP4 write for global scales that pass fastq::nvfp4_unit_route_ok
 // (every ordinary g; the host checks K's and V's once per launch, otherwise
 // max6 takes reshape_and_cache_kernel<Nvfp4Format> and adaptive
@@ -230,24 +222,8 @@ constexpr int kAdaptiveTableK = 0, kAdaptiveTableV = kAdaptiveTableLen, kAdaptiv
 // bits (block_size <= 128, H*D/2 <= 2^17). kPackedHeads: the input's heads
 // are packed too (head stride D), so the source is src + 32c; otherwise
 // chunk c is chunk c % (D/32) of head c / (D/32) there.
-//
-// UnitQuant::adaptive takes its tables (fastq::nvfp4_adaptive_inv_entry for
-// K's and V's g, nvfp4_adaptive_sq_entry) from shared memory, filled by the
-// block, one entry per thread, before its first chunk: a table load per
-// candidate and group instead of the division 1 / (float(s) * g).
 template <bool kPackedHeads, UnitQuant kQuant>
 __device__ __forceinline__ void nvfp4_unit_write(const CacheWriteParams& p) {
-  const float* tables = nullptr;
-  if constexpr (kQuant == UnitQuant::adaptive) {
-    static_assert(kThreads == 2 * kAdaptiveTableLen, "one thread per K and V inv entry");
-    __shared__ float table[kAdaptiveTables * kAdaptiveTableLen];
-    const uint32_t c = threadIdx.x % kAdaptiveTableLen;
-    const bool v = threadIdx.x >= kAdaptiveTableLen;
-    table[(v ? kAdaptiveTableV : kAdaptiveTableK) + c] = fastq::nvfp4_adaptive_inv_entry(c, v ? p.v_param : p.k_param);
-    if (!v) table[kAdaptiveTableSq + c] = fastq::nvfp4_adaptive_sq_entry(c);
-    __syncthreads();
-    tables = table;
-  }
   const int32_t cpr = p.chunks_per_token >> 1;  // chunks of one K (or V) token row
   const int32_t offset_mask = (1 << p.log2_block_size) - 1;
   for_each_chunk<true>(p, [&](int64_t token, int32_t rem, WriteCounts& counts) {
@@ -275,9 +251,7 @@ __device__ __forceinline__ void nvfp4_unit_write(const CacheWriteParams& p) {
     if (kQuant == UnitQuant::max6)
       fastq::nvfp4_quantize_2groups_unit(w, is_v ? p.v_six_g : p.k_six_g, is_v ? p.v_param : p.k_param, packed, s);
     else if (kQuant == UnitQuant::adaptive)
-      fastq::nvfp4_quantize_2groups_adaptive_unit(w, is_v ? p.v_six_g : p.k_six_g,
-                                                  tables + (is_v ? kAdaptiveTableV : kAdaptiveTableK),
-                                                  tables + kAdaptiveTableSq, packed, s);
+      fastq::nvfp4_quantize_2groups_adaptive_unit(w, is_v ? p.v_param : p.k_param, packed, s);
     else
       fastq::nvfp4_quantize_2groups_adaptive_codec(w, is_v ? p.v_param : p.k_param, packed, s);
     if (!slot_in_cache(p, slot, rem, counts)) return;
@@ -302,8 +276,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_unit_kernel(const __grid_const
 
 // Adaptive's two encodings per group hold more values live: the unit
 // route's at most 64 registers (4 blocks of 256 threads per SM, against
-// max6's 5). The rare codec route keeps the default bound, under which its
-// f32 copy of the groups does not spill.
+// max6's 5; without the bound ptxas takes 79). The rare codec route keeps
+// the default bound, under which its f32 copy of the groups does not spill.
 template <bool kPackedHeads, UnitQuant kQuant>
 __global__ void __launch_bounds__(kThreads, kQuant == UnitQuant::adaptive ? 4 : 1)
     nvfp4_adaptive_kernel(const __grid_constant__ CacheWriteParams p) {
