@@ -492,8 +492,14 @@ TEST(Nvfp4AdaptiveFast, GroupsMatchCodec) {
     check("adaptive_codec", packed, s);
     ++codec_chunks;
     if (fq::nvfp4_unit_route_ok(g)) {
-      fq::nvfp4_quantize_2groups_adaptive_unit(w, g, packed, s);
+      uint8_t six[2];
+      fq::nvfp4_quantize_2groups_adaptive_unit(w, g, packed, s, six);
       check("adaptive_unit", packed, s);
+      // six: the max6 codes, which alone decide whether a group may saturate
+      uint8_t max6_packed[8];
+      for (int grp = 0; grp < 2; ++grp)
+        if (six[grp] != codec::nvfp4_quantize_group(x + 16 * grp, g, max6_packed) && ++bad <= 10)
+          ADD_FAILURE() << "adaptive_unit max6 code, iter " << iter << " group " << grp;
       ++unit_chunks;
     }
   }

@@ -60,7 +60,8 @@ METRALE_HD uint32_t e2m1x8_codes_sq_error(const uint32_t* v, float inv, float& a
 // g with nvfp4_unit_route_ok(g), so that every nonzero finite scale has a
 // finite positive inv = 1 / (float(s) * g) (no NaN product: x is not NaN
 // where s is finite). packed[j] holds element 8j+i in bits 4i..4i+3 (the
-// codec's byte order); returns the chosen E4M3 code.
+// codec's byte order); returns the chosen E4M3 code, and sets six to s6
+// (max6's code: an element saturates only where it is 448 or NaN).
 //  * amax (bf16x16_amax_bits), s6 = e4m3(amax / (6 g)), s4 = e4m3(amax / (4 g))
 //    and their values, as the codec (one hardware conversion each for both
 //    on the device).
@@ -70,7 +71,7 @@ METRALE_HD uint32_t e2m1x8_codes_sq_error(const uint32_t* v, float inv, float& a
 // One group at a time, so that fewer values are live than with both groups'
 // four candidates interleaved (the caller's register budget).
 METRALE_HD uint8_t nvfp4_quantize_group_adaptive_unit(const uint32_t* v, float six_g, float four_g, float global_scale,
-                                                      uint32_t* packed) {
+                                                      uint32_t* packed, uint8_t& six) {
   const float amax = codec::f32_from_bits(bf16x16_amax_bits(v));
 #if defined(__CUDA_ARCH__)
   const uint32_t c = e4m3x2_rne_satfinite_nonneg_hw(amax / six_g, amax / four_g);
@@ -91,16 +92,18 @@ METRALE_HD uint8_t nvfp4_quantize_group_adaptive_unit(const uint32_t* v, float s
   const uint32_t keep = nonzero ? 0xffffffffu : 0u;
   packed[0] = (four ? b0 : a0) & keep;
   packed[1] = (four ? b1 : a1) & keep;
+  six = s6;
   return four ? s4 : s6;
 }
 
 // Two consecutive groups (the cache write's chunk, layout as
-// nvfp4_quantize_2groups_unit): nvfp4_quantize_group_adaptive_unit of each.
+// nvfp4_quantize_2groups_unit): nvfp4_quantize_group_adaptive_unit of each;
+// six[g]: group g's max6 code.
 METRALE_HD void nvfp4_quantize_2groups_adaptive_unit(const uint32_t* w, float global_scale, uint32_t* packed,
-                                                     uint8_t* scale) {
+                                                     uint8_t* scale, uint8_t* six) {
   const float six_g = 6.0f * global_scale, four_g = 4.0f * global_scale;  // the codec's f32 products
-  scale[0] = nvfp4_quantize_group_adaptive_unit(w, six_g, four_g, global_scale, packed);
-  scale[1] = nvfp4_quantize_group_adaptive_unit(w + 8, six_g, four_g, global_scale, packed + 2);
+  scale[0] = nvfp4_quantize_group_adaptive_unit(w, six_g, four_g, global_scale, packed, six[0]);
+  scale[1] = nvfp4_quantize_group_adaptive_unit(w + 8, six_g, four_g, global_scale, packed + 2, six[1]);
 }
 
 // The same for any finite positive g (an extreme one, where 0 * inf
