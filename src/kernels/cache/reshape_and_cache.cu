@@ -248,23 +248,13 @@ __device__ __forceinline__ void nvfp4_unit_write(const CacheWriteParams& p) {
                             r2.x, r2.y, r2.z, r2.w, r3.x, r3.y, r3.z, r3.w};
     uint32_t packed[4];
     uint8_t s[2];
-    // The codes that decide whether the chunk may hold saturated elements:
-    // max6's. Adaptive's chosen code is 448 wherever s4 is, i.e. for every
-    // group above 0.64 of the calibrated absmax whose 4-candidate wins, and
-    // none of those saturates (an element saturates only where s6 is 448 or
-    // NaN); filtering on it had sent most warps of model-like rows through
-    // chunk_saturated. The rare codec route filters on the chosen codes
-    // (a superset: s6 = 448 makes s4 = s6).
-    uint8_t six[2];
-    if (kQuant == UnitQuant::max6) {
+    uint8_t six[2];  // adaptive's max6 codes (below)
+    if (kQuant == UnitQuant::max6)
       fastq::nvfp4_quantize_2groups_unit(w, is_v ? p.v_six_g : p.k_six_g, is_v ? p.v_param : p.k_param, packed, s);
-      six[0] = s[0], six[1] = s[1];
-    } else if (kQuant == UnitQuant::adaptive) {
+    else if (kQuant == UnitQuant::adaptive)
       fastq::nvfp4_quantize_2groups_adaptive_unit(w, is_v ? p.v_param : p.k_param, packed, s, six);
-    } else {
+    else
       fastq::nvfp4_quantize_2groups_adaptive_codec(w, is_v ? p.v_param : p.k_param, packed, s);
-      six[0] = s[0], six[1] = s[1];
-    }
     if (!slot_in_cache(p, slot, rem, counts)) return;
     const int64_t block = slot >> p.log2_block_size;
     const int32_t offset = int32_t(slot) & offset_mask;
@@ -273,7 +263,13 @@ __device__ __forceinline__ void nvfp4_unit_write(const CacheWriteParams& p) {
         make_uint4(packed[0], packed[1], packed[2], packed[3]);
     *reinterpret_cast<uint16_t*>(page + p.data_section_bytes + (offset * p.row_scale_bytes + c * 2)) =
         uint16_t(s[0] | (s[1] << 8));
-    const uint32_t may = kernels::Nvfp4Format::may_saturate(six);
+    // Whether the chunk may hold saturated elements, from max6's codes: an
+    // element saturates only where its group's s6 is 448 or NaN. Adaptive's
+    // chosen code is 448 wherever s4 is (every group above 0.64 of the
+    // calibrated absmax whose 4-candidate wins), and filtering on it had sent
+    // most warps of model-like rows through chunk_saturated. The rare codec
+    // route filters on the chosen codes (a superset: s6 = 448 makes s4 = s6).
+    const uint32_t may = kernels::Nvfp4Format::may_saturate(kQuant == UnitQuant::adaptive ? six : s);
     if (may != 0u)
       (is_v ? counts.v_saturated : counts.k_saturated) +=
           kernels::Nvfp4Format::chunk_saturated(src, may, is_v ? p.v_param : p.k_param);
