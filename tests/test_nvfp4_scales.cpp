@@ -94,7 +94,7 @@ int reference_choice(const float* x, float g, double* margin) {
   if ((s6 & 0x7f) == 0 || s6 == codec::kE4M3NaN) return 6;
   float amax = 0.0f;
   for (int i = 0; i < 16; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-  const uint8_t s4 = codec::e4m3_rne_satfinite(amax / (4.0f * g));
+  const uint8_t s4 = codec::e4m3_rne_satfinite(1.5f * (amax / (6.0f * g)));  // the rule's f32 spelling
   if (s4 == s6) return 6;
   codec::nvfp4_encode_group(x, s4, g, p4);
   const double e6 = dequant_sq_error(x, s6, g, p6), e4 = dequant_sq_error(x, s4, g, p4);
@@ -227,7 +227,7 @@ TEST(Nvfp4Adaptive, TieKeepsMax6) {
       float z[16] = {};
       z[0] = amax;
       z[9] = -float_of(vb << 16);
-      const uint8_t s6 = codec::e4m3_rne_satfinite(amax / 6.0f), s4 = codec::e4m3_rne_satfinite(amax / 4.0f);
+      const uint8_t s6 = codec::e4m3_rne_satfinite(amax / 6.0f), s4 = codec::e4m3_rne_satfinite(1.5f * (amax / 6.0f));
       if (s4 == s6) continue;
       uint8_t c6[8], c4[8];
       codec::nvfp4_encode_group(z, s6, 1.0f, c6);
@@ -435,31 +435,41 @@ TEST(Nvfp4Adaptive, RandomGroupsFollowTheRuleAndNeverLoseToMax6) {
 // ------------------------------------- the GPU write's quantizers (host)
 
 TEST(Nvfp4AdaptiveFast, ElementCodesAndErrorsForEveryBf16AndScale) {
-  // e2m1x8_codes_sq_error on a word whose element 0 is x (the others 0)
-  // against the codec's code and squared difference, every bf16 x and every
-  // nonzero finite scale, at g = 1 and a calibrated-like g.
-  uint64_t bad = 0;
+  // e2m1x8_codes_sq_error and its clamped form on a word whose element 0 is
+  // |x| (the others 0) against the codec's code and squared difference in
+  // units of 8 s (codec::nvfp4_group_sq_error), every bf16 x and every
+  // nonzero finite scale, at g = 1 and a calibrated-like g: the fast form
+  // wherever |x| * inv8 < 7/8 (elsewhere its code saturates to 7), the
+  // clamped form everywhere.
+  uint64_t bad = 0, fast = 0;
   for (float g : {1.0f, 30.0f / 1792.0f}) {
+    ASSERT_TRUE(fq::nvfp4_adaptive_route_ok(g)) << g;
     for (uint32_t s = 1; s < codec::kE4M3NaN; ++s) {
-      const float inv = 1.0f / (codec::e4m3_to_float(uint8_t(s)) * g);
+      const float inv = 1.0f / (codec::e4m3_to_float(uint8_t(s)) * g), inv8 = inv * 0.125f;
       for (uint32_t b = 0; b < 0x10000u; ++b) {
         if ((b & 0x7fffu) > 0x7f80u) continue;  // NaN: the group's scale is NaN
-        const uint32_t v[4] = {b, 0, 0, 0};
-        float acc = 0.0f;
-        const uint32_t codes = fq::e2m1x8_codes_sq_error(v, inv, acc);
+        const uint32_t m[4] = {b & 0x7fffu, 0, 0, 0};
         const float x = float_of(b << 16);
-        const uint8_t want = codec::e2m1_rne_satfinite(x * inv);
-        const float w = std::fabs(x) * inv, c = codec::e2m1_to_float(uint8_t(want & 7u));
+        const uint8_t want = codec::e2m1_rne_satfinite(x * inv) & 7u;
+        const float w = std::fabs(x) * inv8, c = codec::e2m1_to_float(want) * 0.125f;
         const float want_acc = std::fma(w - c, w - c, 0.0f);
-        const bool ok = (codes & 0xfu) == want && (codes >> 4) == 0 &&
-                        std::memcmp(&acc, &want_acc, 4) == 0;
+        float acc = 0.0f, acc_clamped = 0.0f;
+        const uint32_t codes = fq::e2m1x8_codes_sq_error(m, inv8, acc);
+        const uint32_t codes_clamped = fq::e2m1x8_codes_sq_error_clamped(m, inv8, acc_clamped);
+        bool ok = codes == codes_clamped && (fq::e2m1x8_saturate(codes) & 0xfu) == want && (codes >> 4) == 0 &&
+                  std::memcmp(&acc_clamped, &want_acc, 4) == 0;
+        if (w < 0.875f) {
+          ok &= (codes & 0xfu) == want && std::memcmp(&acc, &want_acc, 4) == 0;
+          ++fast;
+        }
         if (!ok && ++bad <= 10)
           ADD_FAILURE() << "g " << g << " s " << s << " x bits " << b << ": code " << (codes & 15) << " want "
-                        << int(want) << ", err " << acc << " want " << want_acc;
+                        << int(want) << ", err " << acc << " / " << acc_clamped << " want " << want_acc;
       }
     }
   }
   EXPECT_EQ(bad, 0u);
+  EXPECT_GT(fast, 1000000u);
 }
 
 TEST(Nvfp4AdaptiveFast, GroupsMatchCodec) {
@@ -491,7 +501,7 @@ TEST(Nvfp4AdaptiveFast, GroupsMatchCodec) {
     fq::nvfp4_quantize_2groups_adaptive_codec(w, g, packed, s);
     check("adaptive_codec", packed, s);
     ++codec_chunks;
-    if (fq::nvfp4_unit_route_ok(g)) {
+    if (fq::nvfp4_adaptive_route_ok(g)) {
       uint8_t six[2];
       fq::nvfp4_quantize_2groups_adaptive_unit(w, g, packed, s, six);
       check("adaptive_unit", packed, s);

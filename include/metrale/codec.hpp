@@ -206,42 +206,48 @@ METRALE_HD float fma_rn(float a, float b, float c) {
 }
 
 // The squared error of a group's codes `packed` (scale code s, nonzero and
-// not NaN) in units of its scale, float(s)^2 * sum_i (w_i - c_i)^2, where
-// w_i = |x_i| * inv is the quantizer's own product (inv = 1.0f / (float(s) *
-// g), rounded to f32) and c_i = |e2m1 value of code i|. Wherever two
-// candidates are compared each difference is exact (c_i is w_i rounded to the
-// E2M1 grid, or 6 below a w_i of at most 9: Sterbenz, or c_i = 0); the
-// squares are summed in element order, each by one FMA, and the sum is
-// scaled by float(s)^2 (exact) in one rounding. Times g^2 it is the squared
-// error of the dequantised group up to those roundings, and g is common to
-// the candidates compared.
+// not NaN) in units of 8 times its scale, float(s)^2 * sum_i (w_i - c_i)^2,
+// where w_i = |x_i| * inv8, inv8 = (1.0f / (float(s) * g)) * 0.125f (each
+// rounded to f32: the quantizer's inv over 8), and c_i = |e2m1 value of
+// code i| / 8 (exact). For every ordinary g, inv8 is inv / 8 exactly and so is
+// w_i the quantizer's own product |x_i| * inv over 8 wherever it is a normal
+// f32; measuring in units of 8 s lets the GPU take w_i and c_i from the
+// operations that make its codes (kernels/cache/quantize_adaptive.cuh).
+// Wherever two candidates are compared each difference is exact (c_i is w_i
+// rounded to the E2M1 grid over 8, or 6/8 below a w_i of at most 9/8:
+// Sterbenz, or c_i = 0); the squares are summed in element order, each by
+// one FMA, and the sum is scaled by float(s)^2 (exact) in one rounding.
+// Times 64 g^2 it is the squared error of the dequantised group up to those
+// roundings, and g is common to the candidates compared.
 METRALE_HD float nvfp4_group_sq_error(const float* x, uint8_t s, float global_scale, const uint8_t* packed) {
   const float sf = e4m3_to_float(s);
-  const float inv = 1.0f / (sf * global_scale);
+  const float inv8 = mul_rn(1.0f / (sf * global_scale), 0.125f);
   float acc = 0.0f;
   METRALE_UNROLL
   for (int i = 0; i < kNvfp4GroupSize; ++i) {
-    const float w = mul_rn(f32_from_bits(f32_bits(x[i]) & 0x7fffffffu), inv);
-    const float c = e2m1_to_float(uint8_t((packed[i / 2] >> (4 * (i & 1))) & 7u));
+    const float w = mul_rn(f32_from_bits(f32_bits(x[i]) & 0x7fffffffu), inv8);
+    const float c = mul_rn(e2m1_to_float(uint8_t((packed[i / 2] >> (4 * (i & 1))) & 7u)), 0.125f);
     acc = fma_rn(w - c, w - c, acc);
   }
   return mul_rn(sf * sf, acc);
 }
 
 // Quantizes one group by Nvfp4ScaleRule::adaptive ("Four Over Six"): the
-// spec's scale s6 = e4m3_rne_satfinite(amax / (6 g)) and the candidate s4 =
-// e4m3_rne_satfinite(amax / (4 g)) (the absmax mapped to 4, a scale about
-// 1.5x larger), each encoded as the spec does (nvfp4_encode_group); s4 and
+// spec's scale s6 = e4m3_rne_satfinite(q6), q6 = amax / (6 g), and the
+// candidate s4 = e4m3_rne_satfinite(1.5f * q6) (the absmax mapped to 4 up to
+// the f32 rounding of the product, a scale about 1.5x larger; a multiply
+// where amax / (4 g) would be a second division), each encoded as the spec
+// does (nvfp4_encode_group); s4 and
 // its codes are kept when nvfp4_group_sq_error(s4) < nvfp4_group_sq_error(s6),
 // otherwise (ties included) s6 and its codes. A group whose s6 is 0 or NaN
 // keeps max6's result (all codes 0), as does one where s4 == s6 (same
 // codes). Same arguments and result as nvfp4_quantize_group.
 METRALE_HD uint8_t nvfp4_quantize_group_adaptive(const float* x, float global_scale, uint8_t* packed) {
-  const float amax = nvfp4_group_amax(x);
-  const uint8_t s6 = e4m3_rne_satfinite(amax / (6.0f * global_scale));
+  const float q6 = nvfp4_group_amax(x) / (6.0f * global_scale);
+  const uint8_t s6 = e4m3_rne_satfinite(q6);
   nvfp4_encode_group(x, s6, global_scale, packed);
   if ((s6 & 0x7fu) == 0 || s6 == kE4M3NaN) return s6;
-  const uint8_t s4 = e4m3_rne_satfinite(amax / (4.0f * global_scale));
+  const uint8_t s4 = e4m3_rne_satfinite(mul_rn(1.5f, q6));
   if (s4 == s6) return s6;
   uint8_t packed4[kNvfp4GroupSize / 2];
   nvfp4_encode_group(x, s4, global_scale, packed4);

@@ -204,11 +204,12 @@ METRALE_HD float mul_abs_sat(float x, float inv8) {
 // below, where the max with 0x49000000 takes over (e * 0x00800002 < 2^30, no
 // wrap). Checked against codec::e2m1_rne_satfinite for every f32 y in
 // [0, +inf] (tests/test_codec.cpp), with z = min(y / 8, 1).
-METRALE_HD uint32_t e2m1_sat8_bits(float z) {
+// e2m1_sat8_magic(z) is that M, e2m1_sat8_bits(z) the sum's bits.
+METRALE_HD float e2m1_sat8_magic(float z) {
   const uint32_t e = mulhi_u32(codec::f32_bits(z), 512u);
-  const uint32_t mb = max_u32(e * 0x00800002u + 0x0affff08u, 0x49000000u);
-  return codec::f32_bits(add_rn(z, codec::f32_from_bits(mb)));
+  return codec::f32_from_bits(max_u32(e * 0x00800002u + 0x0affff08u, 0x49000000u));
 }
+METRALE_HD uint32_t e2m1_sat8_bits(float z) { return codec::f32_bits(add_rn(z, e2m1_sat8_magic(z))); }
 
 // Eight nibbles each in 0..8: turns every 8 into 7 (8 - 1 borrows nothing
 // from the nibble above) and leaves 0..7 alone.

@@ -205,8 +205,9 @@ __device__ __forceinline__ uint4 ldg_nc_v4_early(const void* ptr) {
 }
 
 // The NVFP4 unit route's quantizers: max6 (fastq::nvfp4_quantize_2groups_unit)
-// and adaptive (fastq::nvfp4_quantize_2groups_adaptive_unit) for global
-// scales that pass fastq::nvfp4_unit_route_ok; adaptive through the codec
+// for global scales that pass fastq::nvfp4_unit_route_ok, adaptive
+// (fastq::nvfp4_quantize_2groups_adaptive_unit) for those that pass
+// fastq::nvfp4_adaptive_route_ok; adaptive through the codec
 // (fastq::nvfp4_quantize_2groups_adaptive_codec) for the others.
 enum class UnitQuant { max6, adaptive, adaptive_codec };
 
@@ -368,7 +369,9 @@ void reshape_and_cache(const CacheWriteArgs& args, Stream stream) {
         return packed ? launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4>", nvfp4_unit_kernel<true>)
                       : launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, head-strided>",
                                                      nvfp4_unit_kernel<false>);
-      if (!unit)  // the head-strided indexing serves packed heads too
+      // Adaptive's unit route also needs its branch-free reciprocal's range.
+      if (!(fastq::nvfp4_adaptive_route_ok(sc.k_global_scale) && fastq::nvfp4_adaptive_route_ok(sc.v_global_scale)))
+        // the head-strided indexing serves packed heads too
         return launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, adaptive, extreme global scale>",
                                             nvfp4_adaptive_kernel<false, Q::adaptive_codec>);
       return packed ? launch<kernels::Nvfp4Format>(p, sc, s, "reshape_and_cache<nvfp4, adaptive>",
