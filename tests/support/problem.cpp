@@ -101,7 +101,7 @@ CacheWriteArgs HostProblem::write_args() const {
 void poison_cache(HostProblem& p, char which, int32_t seq, int32_t pos, int32_t h, int32_t d) {
   const KvCacheLayout& l = p.layout;
   const int64_t block = p.block_tables[size_t(seq) * p.max_blocks_per_seq + pos / l.block_size];
-  if (block < 0 || block >= l.num_blocks)  // a page before the window, never allocated
+  if (block < 0 || block >= l.num_blocks)  // an entry make_problem left invalid (before the window) or a test corrupted
     throw std::invalid_argument("poison_cache: position " + std::to_string(pos) + " of sequence " +
                                 std::to_string(seq) + " is not on an allocated page");
   const int64_t row = int64_t(pos % l.block_size) * l.num_kv_heads + h;
