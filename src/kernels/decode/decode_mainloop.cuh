@@ -253,7 +253,8 @@ struct DecodeStep {
   // Logits of the group's steps in log2 units (x[u][n][r]: token g + 8 (r /
   // 2) of step u, column 8n + 2c + r % 2): scaled or soft-capped, positions
   // outside the columns' ranges (decode: [first_pos, seq_len)) at -inf.
-  __device__ __forceinline__ void logits(const StepBuffers<Cfg>& b, const float (&s)[U][NT][4],
+  // `full`: every step is live and wholly attended (decode needs no mask).
+  __device__ __forceinline__ void logits(const StepBuffers<Cfg>& b, const float (&s)[U][NT][4], bool full,
                                          float (&x)[U][NT][4]) const {
     const float kNegInf = -__int_as_float(0x7f800000);
     if constexpr (kRuns) {
@@ -292,6 +293,14 @@ struct DecodeStep {
             }
         }
       }
+    } else if (Fmt::kScaled && full) {
+      // Most groups. NVFP4 is instruction-bound: the masks were 2.7% of its
+      // loop's instructions at head_dim 128 (the wider formats are
+      // memory-bound, and the branch cost fp8 at head_dim 256 a spill).
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) x[u][0][r] = s[u][0][r] * p.qk_log2_scale;
     } else {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -327,11 +336,11 @@ struct DecodeStep {
         for (int r = 0; r < 4; ++r) s[u][n][r] = s_odd[n][r] = 0.0f;
       scores(b, u, s[u], s_odd);
     }
-    float x[U][NT][4];
-    logits(b, s, x);
-    softmax(x);
     const int32_t pos0 = step_pos(b, 0);
     const bool full = b.live == (1u << U) - 1 && pos0 >= span_begin && pos0 + U * Cfg::kStepTokens <= span_end;
+    float x[U][NT][4];
+    logits(b, s, full, x);
+    softmax(x);
     if (!full) {
 #pragma unroll
       for (int u = 0; u < U; ++u) mask_v(b, u, step_pos(b, u), (b.live >> u) & 1u);
