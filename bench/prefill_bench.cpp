@@ -74,7 +74,7 @@ double prefill_flops(const std::vector<Run>& runs, int32_t q_heads, int32_t head
 int main(int argc, char** argv) {
   CLI::App app{"metrale prefill benchmark: query runs over the paged cache"};
   std::string formats = "bf16,fp8,nvfp4", shapes = "1024,4096,8192,16384,2048+30720,ragged8", heads = "32/8";
-  std::string prefill = "automatic", json_path;
+  std::string prefill = "automatic", stage_kv = "automatic", json_path;
   int head_dim = 128, block_size = 16, window = 0, splits = 0, tile_band = -1, tile_pairs = -1;
   double peak = 989.4;
   app.add_option("--formats", formats, "comma list of bf16, fp8, nvfp4");
@@ -95,6 +95,10 @@ int main(int argc, char** argv) {
                  "the prefill kernel's CTA pairs with --prefill on (-1 = the planner's, 0 = off, 1 = on; "
                  "AttnPlanOptions::tile_pairs)")
       ->check(CLI::Range(-1, 1));
+  app.add_option("--stage-kv", stage_kv,
+                 "FP8 / NVFP4 with --prefill on: automatic | off (dequantised in the kernel's producer) | on (staged "
+                 "as bf16 pages in the workspace first)")
+      ->check(CLI::IsMember({"automatic", "off", "on"}));
   app.add_option("--peak-tflops", peak, "dense BF16 tensor-core peak the fractions are of (H100/H200 SXM: 989.4)");
   app.add_option("--json", json_path, "write rows as JSON");
   std::string l2 = "cold";
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
   tuning.prefill = detail::toggle_from_string(prefill, "prefill");
   tuning.tile_band = tile_band;
   tuning.tile_pairs = tile_pairs;
+  tuning.stage_kv = detail::toggle_from_string(stage_kv, "stage_kv");
   const AttnTarget target = cuda::attention_target();
   nlohmann::json rows = nlohmann::json::array();
   bool failed = false;
@@ -176,7 +181,7 @@ int main(int argc, char** argv) {
       const std::string kernel =
           std::string(prefill_kernel ? "prefill " : "runs ") + std::to_string(plan.num_splits) + " splits" +
           (prefill_kernel && plan.launch.tile_band > 0 ? ", band " + std::to_string(plan.launch.tile_band) : "") +
-          (plan.launch.tile_pairs ? ", pairs" : "");
+          (plan.launch.tile_pairs ? ", pairs" : "") + (plan.launch.stage_kv ? ", staged" : "");
       // --check: the other kernel (runs kernel with the planner's splits, or the
       // prefill kernel forced) on replica 0; the worst rel. L2 per (row, head).
       std::string check;

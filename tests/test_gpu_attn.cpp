@@ -278,13 +278,17 @@ TEST(GpuAttn, PrefillKernelMatchesTheFloat64Reference) {
       if (variant < 2) o.tile_band = int32_t(pick(rng, -1, 0, 1, 2, 4));
       // CTA pairs: the planner's, off, on.
       if (variant < 2) o.tile_pairs = int32_t(pick(rng, -1, 0, 1));
+      // FP8 / NVFP4 pages: the planner's, dequantised in the producer, staged as bf16.
+      if (variant < 2 && c.format != KvFormat::bf16)
+        o.stage_kv = static_cast<detail::Toggle>(pick(rng, int(detail::Toggle::automatic), int(detail::Toggle::off),
+                                                      int(detail::Toggle::on)));
       const bool with_lse = rng() % 2;
       EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
       const std::vector<float> lse = dr.lse_host();
       expect_runs_match(rp, ref, dr.out_host(),
                         std::string(test::is_prefill(dr.plan) ? "prefill kernel" : "runs kernel") + ", splits " +
                             std::to_string(dr.plan.num_splits) + ", tile band " + std::to_string(dr.plan.launch.tile_band) +
-                            (dr.plan.launch.tile_pairs ? ", pairs" : ""),
+                            (dr.plan.launch.tile_pairs ? ", pairs" : "") + (dr.plan.launch.stage_kv ? ", staged" : ""),
                         with_lse ? &lse : nullptr);
     }
     if (HasFailure()) break;
@@ -325,6 +329,7 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     const bool with_lse = rng() % 2;
     EXPECT_TRUE(dr.run(o, with_lse)) << "a guard or an input was overwritten";
     ASSERT_TRUE(test::is_prefill(dr.plan));
+    const bool staged = dr.plan.launch.stage_kv;
     const std::vector<bf16> out = dr.out_host();
     const std::vector<float> lse = dr.lse_host();
     std::vector<int32_t> sample;
@@ -334,7 +339,7 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
       sample.push_back(r0 + n - 1);
       for (int k = 0; k < 6; ++k) sample.push_back(r0 + int32_t(rng() % uint64_t(n)));
     }
-    expect_rows_match(rp, sample, out, "prefill kernel", with_lse ? &lse : nullptr);
+    expect_rows_match(rp, sample, out, staged ? "prefill kernel, staged" : "prefill kernel", with_lse ? &lse : nullptr);
     o.prefill = detail::Toggle::off;
     o.tile_pairs = -1;  // the prefill kernel's only
     EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
@@ -349,11 +354,14 @@ TEST(GpuAttn, PrefillLongRunsMatchTheirPrefixes) {
     o.num_splits = int32_t(2 + rng() % 15);
     o.tile_band = int32_t(pick(rng, 0, 1, 3, 8, 64));
     o.tile_pairs = pairs == 0 ? 1 : 0;  // pairs off where the single pass had them (the planner's: on)
+    // FP8 / NVFP4: the other way to their pages (the planner's, staged, was the single pass's).
+    if (c.format != KvFormat::bf16) o.stage_kv = staged ? detail::Toggle::off : detail::Toggle::on;
     EXPECT_TRUE(dr.run(o, false)) << "a guard or an input was overwritten";
     const std::vector<bf16> split = dr.out_host();
     const Comparison cmp_split = compare_decode(split.data(), ref, rp.rows(), c.num_q_heads(), c.head_dim, 2e-2);
     EXPECT_TRUE(cmp_split.ok) << "prefill kernel, " << o.num_splits << " splits, tile band " << dr.plan.launch.tile_band
                               << (dr.plan.launch.tile_pairs ? ", pairs" : "")
+                              << (dr.plan.launch.stage_kv ? ", staged" : "")
                               << ", against the runs kernel: " << cmp_split.report;
     if (HasFailure()) break;
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "testing/forced_plans.hpp"
+#include "plan/prefill_staging.hpp"
 #include "metrale/error.hpp"
 #include "metrale/ops.hpp"
 #include "metrale/plan.hpp"
@@ -308,6 +309,78 @@ TEST(Planner, Nvfp4RunsSplitHeadDim256OverTeamsOfTwoWarps) {
   EXPECT_THROW(test::plan_with(p, gpu_like(1000), whole), Unsupported);
 }
 
+// FP8 / NVFP4 prefill plans stage their pages as bf16 in the workspace
+// (plan/prefill_staging.hpp) for runs of kPrefillStageMinRun rows, on a
+// target with TMA, within half the workspace bound; the plan then names the
+// bf16 kernel, and its workspace holds the records and the pages.
+TEST(Planner, LongDequantisedRunsStageTheirPagesAsBf16) {
+  for (const KvFormat f : {KvFormat::fp8_e4m3, KvFormat::nvfp4}) {
+    AttnProblem p = problem(2, 8, 4, 4096, 0, f);
+    p.max_q_len = 4096;  // 128 row tiles
+    const AttnPlan plan = plan_attention(p, gpu_like(1000));
+    ASSERT_TRUE(test::is_prefill(plan));
+    EXPECT_TRUE(plan.launch.stage_kv);
+    EXPECT_EQ(plan.kernel_id().format, KvFormat::bf16);
+    EXPECT_EQ(plan.launch.load_path, detail::LoadPath::tma);
+    const geometry::PrefillStaging s = geometry::prefill_staging(p);
+    EXPECT_EQ(s.table_stride, 4096 / 16);
+    EXPECT_EQ(s.slots, 4096 / 16);  // no window: the whole sequence
+    EXPECT_EQ(s.page_bytes, 16 * 8 * 128 * 2);
+    EXPECT_GE(s.bytes, size_t(2) * 2 * 256 * s.page_bytes + 2 * 256 * 4);
+    EXPECT_EQ(plan.workspace_bytes, s.bytes);  // single pass: the pages only
+    // A window bounds the slots by its span: run - 1 + window positions.
+    AttnProblem w = p;
+    w.sliding_window = 1000;
+    EXPECT_EQ(geometry::prefill_staging(w).slots, 256);  // at most the table's 256 pages
+    w.max_q_len = 64;
+    EXPECT_EQ(geometry::prefill_staging(w).slots, 68);  // 1063 positions: 67 pages, and one for their alignment
+    // Split-K plans keep their records first.
+    AttnProblem chunk = problem(1, 1, 1, 32768, 0, f);
+    chunk.max_q_len = 2048;  // 16 tiles: 16 CTAs per split
+    const AttnPlan cp = plan_attention(chunk, gpu_like(1000));
+    ASSERT_TRUE(cp.launch.stage_kv);
+    ASSERT_GT(cp.num_splits, 1);
+    EXPECT_EQ(cp.workspace_bytes, splitk_workspace_bytes(chunk.rows(), chunk.num_q_heads, 128, cp.num_splits) +
+                                      geometry::prefill_staging(chunk).bytes);
+    // Shorter runs: dequantised in the kernel's producer.
+    p.max_q_len = geometry::kPrefillStageMinRun - 1;
+    EXPECT_FALSE(plan_attention(p, gpu_like(1000)).launch.stage_kv);
+    p.max_q_len = 4096;
+    // No TMA: never (the bf16 kernel's loads).
+    AttnTarget no_tma = gpu_like(1000);
+    no_tma.tma = false;
+    EXPECT_FALSE(plan_attention(p, no_tma).launch.stage_kv);
+    // A workspace bound under twice the pages: not staged; forced past the bound: refused.
+    AttnPlanOptions small;
+    small.max_workspace_bytes = s.bytes * 2 - 1;
+    EXPECT_FALSE(plan_attention(p, gpu_like(1000), small).launch.stage_kv);
+    test::PlanChoices forced;
+    forced.prefill = detail::Toggle::on;
+    forced.stage_kv = detail::Toggle::on;
+    forced.max_workspace_bytes = s.bytes * 2 - 1;
+    EXPECT_TRUE(test::plan_with(p, gpu_like(1000), forced).launch.stage_kv);
+    forced.max_workspace_bytes = s.bytes - 1;
+    EXPECT_THROW(test::plan_with(p, gpu_like(1000), forced), InvalidArgument);
+    forced.max_workspace_bytes = 0;
+    forced.stage_kv = detail::Toggle::off;
+    const AttnPlan fused = test::plan_with(p, gpu_like(1000), forced);
+    EXPECT_FALSE(fused.launch.stage_kv);
+    EXPECT_EQ(fused.kernel_id().format, f);
+    EXPECT_EQ(fused.workspace_bytes, 0u);
+  }
+  // bf16 has nothing to stage; the toggle needs the prefill kernel on.
+  AttnProblem b = problem(1, 8, 4, 4096);
+  b.max_q_len = 4096;
+  EXPECT_FALSE(plan_attention(b, gpu_like(1000)).launch.stage_kv);
+  test::PlanChoices on;
+  on.prefill = detail::Toggle::on;
+  on.stage_kv = detail::Toggle::on;
+  EXPECT_THROW(test::plan_with(b, gpu_like(1000), on), Unsupported);
+  on.prefill = detail::Toggle::automatic;
+  b.layout = problem(1, 8, 4, 4096, 0, KvFormat::fp8_e4m3).layout;
+  EXPECT_THROW(test::plan_with(b, gpu_like(1000), on), Unsupported);
+}
+
 // Long runs take the prefill kernel where its grid (a CTA per 128 packed rows
 // of a kv head and split) fills half the SMs: long prompts in one pass, short
 // chunks over a long context with splits of >= kPrefillMinTokensPerSplit
@@ -388,9 +461,10 @@ TEST(Planner, LongRunsTakeThePrefillKernel) {
       // attended positions.
       EXPECT_EQ(plan_attention(q, gpu_like(1000)).launch.tile_pairs, d >= 128 && (f == KvFormat::bf16 || d < 256))
           << int(f) << " d" << d;
-      q.max_seq_len = q.max_q_len = 2048;
-      EXPECT_EQ(plan_attention(q, gpu_like(1000)).launch.tile_pairs, d >= 128 && (f == KvFormat::bf16 || d < 256))
-          << int(f) << " d" << d;
+      q.max_seq_len = q.max_q_len = 2048;  // 64 row tiles: FP8 / NVFP4 staged as bf16, paired as bf16
+      const AttnPlan staged = plan_attention(q, gpu_like(1000));
+      EXPECT_EQ(staged.launch.stage_kv, f != KvFormat::bf16) << int(f) << " d" << d;
+      EXPECT_EQ(staged.launch.tile_pairs, d >= 128) << int(f) << " d" << d;
       q.max_seq_len = q.max_q_len = 1024;
       EXPECT_FALSE(plan_attention(q, gpu_like(1000)).launch.tile_pairs) << int(f) << " d" << d;
     }

@@ -263,8 +263,8 @@ class Planner:
         if workspace is None:
             workspace = self.workspace
         if plan.workspace_bytes > 0 and workspace is None:
-            raise ValueError(f"'workspace': required (num_splits = {plan.num_splits} merged through it, "
-                             f">= {plan.workspace_bytes} bytes float32)")
+            raise ValueError(f"'workspace': required (>= {plan.workspace_bytes} bytes float32: the split-K "
+                             f"records of num_splits = {plan.num_splits} and a staged prefill's pages)")
         if workspace is not None:
             _require_writable(workspace, "workspace")
         if q_start is not None:

@@ -126,10 +126,11 @@ void attention(const AttnPlan& plan, const In& q, const KvCacheLayout& layout, c
   a.sinks = bind_sinks(sinks, num_q_heads);
   a.lse = bind_lse(lse, qr.num_rows, num_q_heads);
   SplitKWorkspace ws;
-  if (plan.merge == SplitMerge::workspace || states_only)
+  if (plan.workspace_bytes > 0)
     ws = bind_workspace(workspace, plan.num_splits,
-                        concat("the plan merges ", plan.num_splits, " splits through it: merge = ",
-                               to_string(plan.merge))
+                        concat("the plan needs ", plan.workspace_bytes, " bytes of it: merge = ", to_string(plan.merge),
+                               " of ", plan.num_splits, " splits",
+                               plan.launch.stage_kv ? ", and the prefill's staged bf16 pages" : "")
                             .c_str());
   if (dc.w.dev == Dev::cpu) {
     nb::gil_scoped_release nogil;

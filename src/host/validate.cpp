@@ -192,7 +192,14 @@ void validate_run(const AttnPlan& plan, const AttnArgs& a, const SplitKWorkspace
   const int64_t plan_rows = plan.problem.rows();
   METRALE_CHECK_ARG(a.rows() <= plan_rows, "num_q_rows", a.rows(),
                     "<= the plan's query rows = " + std::to_string(plan_rows));
-  if (plan.merge == SplitMerge::single_pass || plan.merge == SplitMerge::cluster || a.num_seqs == 0) return;
+  if (a.num_seqs == 0) return;
+  if (plan.launch.stage_kv) {  // the staged pages follow the records (plan/prefill_staging.hpp)
+    check_ptr(ws.data, "workspace", true);
+    METRALE_CHECK_ARG(ws.bytes >= plan.workspace_bytes, "workspace_bytes", ws.bytes,
+                      ">= the plan's workspace_bytes = " + std::to_string(plan.workspace_bytes) +
+                          " (split-K records and staged bf16 pages)");
+  }
+  if (plan.merge == SplitMerge::single_pass || plan.merge == SplitMerge::cluster) return;
   check_ptr(ws.data, "workspace", true);
   const size_t need = splitk_workspace_bytes(a.rows(), a.num_q_heads, L.head_dim, plan.num_splits);
   METRALE_CHECK_ARG(ws.bytes >= need, "workspace_bytes", ws.bytes, ">= " + std::to_string(need));

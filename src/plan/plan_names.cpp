@@ -98,7 +98,7 @@ AttnProblem attention_problem(const AttnArgs& a, int32_t max_seq_len, int32_t ma
 
 detail::KernelId AttnPlan::kernel_id() const {
   const detail::KernelLaunch& l = launch;
-  return detail::KernelId{problem.layout.format,
+  return detail::KernelId{l.stage_kv ? KvFormat::bf16 : problem.layout.format,
                           l.pair_kv_heads ? 2 * problem.layout.head_dim : problem.layout.head_dim,
                           l.load_path,
                           l.pair_kv_heads,

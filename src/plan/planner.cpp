@@ -21,6 +21,7 @@
 #include "metrale/plan.hpp"
 #include "plan/decode_geometry.hpp"
 #include "plan/planner.hpp"
+#include "plan/prefill_staging.hpp"
 #include "plan/tuning.hpp"
 
 namespace metrale {
@@ -109,8 +110,9 @@ int32_t prefill_splits(const AttnProblem& p, const AttnTarget& target, int64_t c
 // L2; below it 0: the three-dimensional grid's order (tile major, then
 // sequence, kv unit fastest), which the bands beat only where K and V
 // spill out of L2 (long prompts, ragged batches); below it they lost.
-int32_t prefill_tile_band(const AttnProblem& p, const AttnTarget& target, int32_t head_tiles) {
-  const KvFormatDesc& f = kv_format_desc(p.layout.format);
+// `format`: the pages the kernel reads (bf16 where they are staged).
+int32_t prefill_tile_band(const AttnProblem& p, const AttnTarget& target, int32_t head_tiles, KvFormat format) {
+  const KvFormatDesc& f = kv_format_desc(format);
   const int64_t row_bytes = f.row_code_bytes(p.layout.head_dim) + f.row_scale_bytes(p.layout.head_dim);
   const int64_t kv_bytes = 2 * row_bytes * attended_len(p) * p.layout.num_kv_heads * p.num_seqs;  // at most
   // One tile per run (verification): no two CTAs read the same pages.
@@ -137,6 +139,30 @@ bool prefill_takes(const AttnProblem& p, const AttnTarget& target, int32_t kv_un
   return 2 * ctas * (one ? 1 : prefill_splits(p, target, ctas)) >= target.num_sms;
 }
 
+// Whether a prefill plan stages its pages (plan/prefill_staging.hpp): an
+// FP8 or NVFP4 cache on a target with TMA (the bf16 kernel's loads), runs of
+// up to at least kPrefillStageMinRun rows, and staged pages within half the
+// workspace bound (the split-K records keep the rest); `on` forces it
+// wherever it can run.
+bool prefill_stages_kv(const AttnProblem& p, const AttnTarget& target, const AttnPlanOptions& opt,
+                       const detail::TuningOptions& tune) {
+  const bool can = p.layout.format != KvFormat::bf16 && target.tma;
+  const size_t bound = opt.max_workspace_bytes ? opt.max_workspace_bytes : kDefaultMaxWorkspaceBytes;
+  const size_t bytes = prefill_staging(p).bytes;
+  switch (tune.stage_kv) {
+    case detail::Toggle::off: return false;
+    case detail::Toggle::on:
+      if (!can)
+        detail::throw_unsupported("stage_kv", "on", "an FP8 or NVFP4 cache on a target that encodes TMA tensor maps");
+      if (bytes > bound)
+        detail::throw_invalid("stage_kv", detail::concat("on: ", bytes, " bytes of staged pages"),
+                              detail::concat("staged pages within max_workspace_bytes = ", bound, " bytes"));
+      return true;
+    case detail::Toggle::automatic: break;
+  }
+  return can && p.max_q_len >= kPrefillStageMinRun && bytes <= bound / 2;
+}
+
 // A plan's split count: the forced one, 1 for a single-pass merge left to the
 // planner, else the planner's own (`own()`); a single-pass merge with a
 // forced count other than 1 is refused.
@@ -151,10 +177,13 @@ int32_t split_count(const AttnPlanOptions& opt, Own own) {
 // (AttnPlanOptions::max_workspace_bytes): a forced split count (or a
 // states_only plan) past it is refused before anything is allocated; the
 // planner's own count shrinks to what fits, down to a single pass.
-void bound_workspace(AttnPlan& plan, const AttnPlanOptions& opt) {
+// `reserved`: the workspace's other bytes (a prefill plan's staged pages),
+// which the records' bound leaves out.
+void bound_workspace(AttnPlan& plan, const AttnPlanOptions& opt, size_t reserved = 0) {
   const AttnProblem& p = plan.problem;
+  plan.workspace_bytes = reserved;
   if (plan.merge != SplitMerge::workspace && plan.merge != SplitMerge::states_only) return;
-  const size_t bound = opt.max_workspace_bytes ? opt.max_workspace_bytes : kDefaultMaxWorkspaceBytes;
+  const size_t bound = (opt.max_workspace_bytes ? opt.max_workspace_bytes : kDefaultMaxWorkspaceBytes) - reserved;
   const size_t per_split = splitk_workspace_bytes(p.rows(), p.num_q_heads, p.layout.head_dim, 1);
   const size_t bytes = per_split * size_t(plan.num_splits);
   if (bytes > bound && (opt.num_splits > 0 || plan.merge == SplitMerge::states_only))
@@ -170,7 +199,7 @@ void bound_workspace(AttnPlan& plan, const AttnPlanOptions& opt) {
     plan.num_splits = std::max(fit, 1);
     if (plan.num_splits == 1) plan.merge = SplitMerge::single_pass;
   }
-  plan.workspace_bytes = plan.merge == SplitMerge::single_pass ? 0 : per_split * size_t(plan.num_splits);
+  plan.workspace_bytes = reserved + (plan.merge == SplitMerge::single_pass ? 0 : per_split * size_t(plan.num_splits));
 }
 }  // namespace
 
@@ -234,6 +263,9 @@ AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, con
                     "-1 (the planner's), 0 or 1");
   if (tune.tile_pairs >= 0 && tune.prefill != detail::Toggle::on)
     detail::throw_unsupported("tile_pairs", tune.tile_pairs, "-1 unless prefill is on (the prefill kernel's CTA pairs)");
+  if (tune.stage_kv != detail::Toggle::automatic && tune.prefill != detail::Toggle::on)
+    detail::throw_unsupported("stage_kv", to_string(tune.stage_kv),
+                              "automatic unless prefill is on (the prefill kernel's staged pages)");
   bool prefill = false;
   switch (tune.prefill) {
     case detail::Toggle::automatic:
@@ -258,12 +290,15 @@ AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, con
     if (p.num_seqs > kPrefillMaxGridYZ)
       detail::throw_unsupported("prefill", "on", "num_seqs <= 65535 (the grid's y)");
     plan.launch.head_tiles = int32_t(prefill_tiles);
+    plan.launch.stage_kv = prefill_stages_kv(p, target, opt, tune);
+    // The pages the kernel reads: the cache's, or the staged bf16 ones.
+    const KvFormat read_format = plan.launch.stage_kv ? KvFormat::bf16 : p.layout.format;
     plan.launch.tile_band = tune.tile_band >= 0 ? std::min(tune.tile_band, plan.launch.head_tiles)
-                                        : prefill_tile_band(p, target, plan.launch.head_tiles);
+                                        : prefill_tile_band(p, target, plan.launch.head_tiles, read_format);
     // CTA pairs (decode_geometry.hpp), forced or the planner's, where a run
     // has two row tiles: an odd tile count gets an empty last tile, and
     // bands whole pairs.
-    const bool dequantised = kv_format_desc(p.layout.format).code_bits < 16;
+    const bool dequantised = kv_format_desc(read_format).code_bits < 16;
     plan.launch.tile_pairs = plan.launch.head_tiles >= 2 && plan.launch.head_tiles < kPrefillMaxGridYZ &&
                       (tune.tile_pairs == 1 ? prefill_can_pair_tiles(dequantised, D)
                                            : tune.tile_pairs == -1 && prefill_pairs_tiles(dequantised, D, attended_len(p)));
@@ -278,8 +313,8 @@ AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, con
     plan.merge = opt.merge == SplitMerge::states_only                          ? SplitMerge::states_only
                  : plan.num_splits == 1 && opt.merge != SplitMerge::workspace ? SplitMerge::single_pass
                                                                                : SplitMerge::workspace;
-    plan.launch.load_path = p.layout.format == KvFormat::bf16 ? detail::LoadPath::tma : detail::LoadPath::registers;
-    bound_workspace(plan, opt);
+    plan.launch.load_path = read_format == KvFormat::bf16 ? detail::LoadPath::tma : detail::LoadPath::registers;
+    bound_workspace(plan, opt, plan.launch.stage_kv ? prefill_staging(p).bytes : 0);
     return plan;
   }
   plan.launch.col_tiles =

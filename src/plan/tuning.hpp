@@ -28,6 +28,10 @@ struct TuningOptions {
   // The prefill kernel's CTA pairs (prefill on only): -1 = the planner's; 0 =
   // off; 1 = clusters of two adjacent row tiles sharing their K / V loads.
   int32_t tile_pairs = -1;
+  // The prefill kernel over FP8 / NVFP4 (prefill on only, or the planner's
+  // prefill): on = stage the pages as bf16 first (plan/prefill_staging.hpp),
+  // off = dequantise in the kernel's producer.
+  Toggle stage_kv = Toggle::automatic;
 };
 
 // plan_attention with the tuning knobs.

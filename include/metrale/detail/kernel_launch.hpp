@@ -18,7 +18,7 @@ enum class LoadPath : uint8_t { automatic, registers, tma };
 // of 64) x load path x pairing x the runs kernel's column tiles and head_dim
 // parts, or the prefill kernel with or without CTA pairs.
 struct KernelId {
-  KvFormat format = KvFormat::bf16;
+  KvFormat format = KvFormat::bf16;  // the pages it reads: bf16 for a staged prefill (KernelLaunch::stage_kv)
   int32_t head_dim = 0;
   LoadPath load_path = LoadPath::registers;
   bool pair_kv_heads = false;
@@ -48,6 +48,10 @@ struct KernelLaunch {
   // prefill: CTA pairs, clusters of two adjacent row tiles of a run that walk
   // the same K / V tiles (head_tiles and tile_band are then even)
   bool tile_pairs = false;
+  // prefill over FP8 / NVFP4: the attended pages are dequantised to bf16
+  // pages in the workspace first (plan/prefill_staging.hpp), and the bf16
+  // prefill kernel reads those
+  bool stage_kv = false;
   int64_t ctas_per_seq = 0;    // kv_units * head_tiles
 };
 

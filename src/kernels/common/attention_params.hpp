@@ -50,7 +50,8 @@ void fill_attention_params(Params& p, const AttnPlan& plan, const AttnArgs& a, f
   p.num_splits = plan.num_splits;
   p.out = writes_records ? nullptr : a.out;
   p.workspace = writes_records ? workspace : nullptr;
-  if (plan.launch.load_path == metrale::detail::LoadPath::tma) {
+  // A staged prefill's maps are the staged pages' (make_prefill_params).
+  if (plan.launch.load_path == metrale::detail::LoadPath::tma && !plan.launch.stage_kv) {
     // The maps are bound to the cache's base pointers, which change from
     // layer to layer, so they are encoded per call (host work only; a graph
     // replay repeats none of it). Paired heads: the maps see a row of twice

@@ -12,6 +12,7 @@
 #include "kernels/decode/decode_launch.cuh"
 #include "kernels/prefill/prefill_launch.cuh"
 #include "kernels/prefill/prefill_params.hpp"
+#include "kernels/prefill/prefill_stage.hpp"
 #include "kernels/reduce/reduce.hpp"
 #include "metrale/cuda.hpp"
 #include "metrale/format.hpp"
@@ -103,7 +104,10 @@ void launch_plan(const AttnPlan& plan, const AttnArgs& a, float* workspace, Stre
       grid = dim3(unsigned(ctas));
     }
     const kernels::PrefillParams p = kernels::make_prefill_params(plan, a, workspace);
-    prefill_kernels(plan.problem.layout.format)(p, plan.kernel_id(), grid, stream);
+    if (plan.launch.stage_kv)  // the pages as bf16 first; then the bf16 kernel (kernel_id's format)
+      kernels::launch_prefill_stage(kernels::make_prefill_stage_params(plan, a, workspace), plan.problem.layout.format,
+                                    a.num_seqs, stream);
+    prefill_kernels(plan.kernel_id().format)(p, plan.kernel_id(), grid, stream);
     return;
   }
   const int64_t grid_x = plan.grid_x(a.num_seqs);
