@@ -100,6 +100,9 @@ struct StageRows<Nvfp4Format> {
 template <class Fmt>
 __global__ void __launch_bounds__(kStageThreads) prefill_stage_kernel(const __grid_constant__ PrefillStageParams p) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The prefill kernel may launch now: it reads nothing before its own
+  // griddepcontrol.wait, which waits for this grid to finish.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int32_t seq = int32_t(blockIdx.y), slot = int32_t(blockIdx.x);
   const bool is_v = blockIdx.z == 1;
   // The prefill kernel's length and run (prefill_scheduler.cuh, PrefillTile::rows).
