@@ -281,12 +281,13 @@ def test_gpu_head_strided_writes_and_saturation_equal_cpu(rng, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("window", [0, 333])
 def test_gpu_prefill_kernel_long_runs(rng, fmt, window):
-    """Prompts and a chunk over a cached prefix (runs of 300-1200 rows) through the
-    planner's kernel for long runs (the prefill kernel on the GPU): sampled rows
+    """Prompts and a chunk over a cached prefix (runs of 300-2100 rows) through the
+    planner's kernel for long runs (the prefill kernel on the GPU; FP8 / NVFP4 pages
+    staged as bf16 in the planner's workspace, runs of 2048+ rows): sampled rows
     against the float64 reference (each row is the decode of its prefix, window
     per row), every row against the CPU backend, and the same with 5 splits forced."""
-    lens = [1200, 1700, 300]
-    runs = [1200, 400, 300]  # two prompts, a chunk of 400 over a 1300-token prefix
+    lens = [2100, 1700, 300]
+    runs = [2100, 400, 300]  # two prompts, a chunk of 400 over a 1300-token prefix
     Hq, Hkv, D = 16, 4, 128
     b = GpuBatch(rng, fmt, lens=lens, Hq=Hq, Hkv=Hkv, D=D)
     q_start_np = np.concatenate([[0], np.cumsum(runs)]).astype(np.int32)
@@ -298,6 +299,8 @@ def test_gpu_prefill_kernel_long_runs(rng, fmt, window):
                                 max_q_len=max(runs), num_q_rows=rows)
     if DEV == "cuda":
         assert long_plan.plan.kernel == "prefill", long_plan.plan
+        # A single pass needs a workspace only for the staged pages.
+        assert (long_plan.plan.workspace_bytes > 0) == (fmt != "bf16"), long_plan.plan
     out = poisoned(rows, Hq, D)
     long_plan.run(q, b.cache.layer(0), b.block_tables, b.seq_lens, out, q_start=q_start)
     # The CPU backend over a host copy of the cache: the same rows.

@@ -323,12 +323,13 @@ def test_cuda_graph_captures_a_decode_step(rng, fmt):
 
 @gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("runs", [(600, 700, 1, 513), (128, 64, 1, 32), (30, 9, 1, 17)],
-                         ids=["long-chunks", "mid-chunks", "short-chunks"])
+@pytest.mark.parametrize("runs", [(600, 2100, 1, 513), (600, 700, 1, 513), (128, 64, 1, 32), (30, 9, 1, 17)],
+                         ids=["staged-chunks", "long-chunks", "mid-chunks", "short-chunks"])
 def test_cuda_graph_captures_a_chunked_prefill_step(rng, fmt, runs):
     """A chunked-prefill step captured in a CUDA graph and replayed, with the planner's kernel:
-    long chunks (the prefill kernel), chunks of a few hundred packed rows (whichever the
-    planner picks) and short ones (the runs kernel)."""
+    a chunk of 2048+ rows (the prefill kernel; FP8 / NVFP4 pages staged as bf16 in the
+    op's workspace), long chunks (the prefill kernel), chunks of a few hundred packed rows
+    (whichever the planner picks) and short ones (the runs kernel)."""
     p = Problem(rng, fmt, device="cuda", lens=(700, 3000, 1, 1400), Hq=16, Hkv=4, D=128)
     p.write()
     q, key, value, slots, q_start = _chunk_inputs(rng, p, runs, "cuda")
