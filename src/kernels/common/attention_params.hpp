@@ -13,14 +13,11 @@
 
 namespace metrale::kernels {
 
+// The cache's pages, block tables, lengths, runs and window of `a`, for any
+// params with these fields (the attention kernels', the staging kernel's).
 template <class Params>
-void fill_attention_params(Params& p, const AttnPlan& plan, const AttnArgs& a, float* workspace) {
+void fill_paged_inputs(Params& p, const AttnArgs& a) {
   const KvCacheLayout& L = a.cache.layout;
-  // Split-K through the workspace writes the records only; the other plans write `out` (and lse).
-  const bool writes_records = plan.merge == SplitMerge::workspace || plan.merge == SplitMerge::states_only;
-  p.q = a.q;
-  p.q_stride = a.q_stride;
-  p.q_head_stride = a.q_head_stride_used();
   p.k_cache = static_cast<const uint8_t*>(a.cache.k);
   p.v_cache = static_cast<const uint8_t*>(a.cache.v);
   p.page_stride = L.page_stride_bytes;
@@ -29,18 +26,29 @@ void fill_attention_params(Params& p, const AttnPlan& plan, const AttnArgs& a, f
   p.block_tables = a.block_tables;
   p.max_blocks_per_seq = a.max_blocks_per_seq;
   p.seq_lens = a.seq_lens;
+  p.q_start = a.q_start;
+  p.block_size = L.block_size;
+  p.sliding_window = a.sliding_window;
+}
+
+template <class Params>
+void fill_attention_params(Params& p, const AttnPlan& plan, const AttnArgs& a, float* workspace) {
+  const KvCacheLayout& L = a.cache.layout;
+  // Split-K through the workspace writes the records only; the other plans write `out` (and lse).
+  const bool writes_records = plan.merge == SplitMerge::workspace || plan.merge == SplitMerge::states_only;
+  p.q = a.q;
+  p.q_stride = a.q_stride;
+  p.q_head_stride = a.q_head_stride_used();
+  fill_paged_inputs(p, a);
   p.num_q_heads = a.num_q_heads;
   p.num_kv_heads = plan.launch.kv_units;
   p.group = plan.launch.unit_group;
   p.head_tiles = plan.launch.head_tiles;
-  p.block_size = L.block_size;
-  p.sliding_window = a.sliding_window;
   const KvFormatDesc& f = kv_format_desc(L.format);
   constexpr float kLog2e = 1.4426950408889634f;
   const float k_factor = f.k_scale(a.cache.scales) * f.operand_factor;
   p.qk_log2_scale = a.sm_scale * kLog2e * k_factor;
   p.v_factor = f.v_scale(a.cache.scales) * f.operand_factor;
-  p.q_start = a.q_start;
   p.sinks = a.sinks;
   if (a.softcap > 0.0f) {
     p.softcap_scale = a.sm_scale * k_factor / a.softcap;

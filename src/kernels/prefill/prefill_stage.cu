@@ -1,18 +1,19 @@
 // The staging kernel (prefill_stage.hpp). A CTA takes page slot i of
-// sequence s, of K (z 0) or V (z 1): the (first + i)-th page of the block-table row, `first` the
-// first page of the run's attended span (the prefill kernel's own rule,
-// query_range of the run's first row), and writes it as bf16 (the decode
-// kernel's exact f16 operands, code or code * group scale * 2^-6, widened:
-// the per-tensor factors stay folded into the prefill kernel's logit and V
-// factors) to staged page s * slots + i, and that id into the staged table.
-// A page id outside the cache stays one (-1), so the prefill kernel's page
-// check makes the run NaN as over the cache itself; a sequence past the
-// plan's bounds (longer than table_stride pages, or a span of more than
-// `slots` pages) gets -1 everywhere: NaN rows, never a write out of the
-// region.
+// sequence s, of K (z 0) or V (z 1): the (first + i)-th page of the
+// block-table row, `first` the first page of the run's attended span (the
+// prefill kernel's own rule, query_range of the run's first row), and
+// writes it as bf16 (the decode kernel's exact f16 operands, code or code *
+// group scale * 2^-6, widened: the per-tensor factors stay folded into the
+// prefill kernel's logit and V factors) to staged page s * slots + i, and
+// that id into the staged table. A page id outside the cache stays one
+// (-1), so the prefill kernel's page check makes the run NaN as over the
+// cache itself; a sequence past the plan's bounds (longer than table_stride
+// pages, or a span of more than `slots` pages) gets -1 everywhere: NaN rows,
+// never a write out of the region.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/common/attention_params.hpp"
 #include "kernels/common/dependent_launch.hpp"
 #include "kernels/common/mma.cuh"
 #include "kernels/formats/fp8.cuh"
@@ -142,23 +143,12 @@ uint8_t* prefill_stage_region(const AttnPlan& plan, void* workspace) {
 }
 
 PrefillStageParams make_prefill_stage_params(const AttnPlan& plan, const AttnArgs& a, void* workspace) {
-  const KvCacheLayout& L = a.cache.layout;
   const geometry::PrefillStaging s = geometry::prefill_staging(plan.problem);
   uint8_t* region = prefill_stage_region(plan, workspace);
   PrefillStageParams p{};
-  p.k_cache = static_cast<const uint8_t*>(a.cache.k);
-  p.v_cache = static_cast<const uint8_t*>(a.cache.v);
-  p.page_stride = L.page_stride_bytes;
-  p.scale_offset = L.data_section_bytes;
-  p.num_blocks = int32_t(L.num_blocks);
-  p.block_tables = a.block_tables;
-  p.max_blocks_per_seq = a.max_blocks_per_seq;
-  p.seq_lens = a.seq_lens;
-  p.q_start = a.q_start;
-  p.block_size = L.block_size;
-  p.num_kv_heads = L.num_kv_heads;
-  p.head_dim = L.head_dim;
-  p.sliding_window = a.sliding_window;
+  fill_paged_inputs(p, a);
+  p.num_kv_heads = a.cache.layout.num_kv_heads;
+  p.head_dim = a.cache.layout.head_dim;
   p.slots = s.slots;
   p.table_stride = s.table_stride;
   p.table = reinterpret_cast<int32_t*>(region + s.table_offset);
