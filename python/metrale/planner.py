@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .cache import PagedKVCache
 
 MERGES = ("automatic", "single_pass", "cluster", "workspace", "states_only")
-# The split-K workspace bound of a plan made with max_workspace_bytes=0.
+# The workspace bound of a plan made with max_workspace_bytes=0.
 DEFAULT_MAX_WORKSPACE_BYTES: int = int(_metrale.default_max_workspace_bytes())
 
 
@@ -144,15 +144,17 @@ class Planner:
     split-K states to the workspace and stops, for :func:`reduce_states`),
     ``max_workspace_bytes`` (0: the default bound, 4 GiB): a forced split count
     whose workspace passes it raises ValueError naming the bytes, before anything
-    is allocated; the planner's own split count stays within it.
+    is allocated; the planner's own split count stays within it, and a long
+    FP8 / NVFP4 prefill stages its pages as bf16 in the workspace only within
+    half of it (docs/prefill.md).
 
     ``self.plan`` is the :class:`AttnPlan` (``kernel``: "decode", "query_runs" or
     "prefill"; ``num_splits``; ``merge``; ``workspace_bytes``). Where it is a decode
     plan, ``self.runs_plan`` is the plan of the same problem as query runs with
     sinks, soft-cap and lse (``runs_plan=False`` leaves it out, None), which
     ``run`` takes for a ``q_start`` (runs of at most one row: an engine's mixed
-    step) or those options. The planner owns the split-K workspace its plans need
-    on `device` (allocated once here, never in ``run``; ``allocate_workspace=False``
+    step) or those options. The planner owns the workspace its plans need (split-K
+    records, a staged prefill's bf16 pages) on `device` (allocated once here, never in ``run``; ``allocate_workspace=False``
     leaves that to the caller). ``run`` enqueues what the plan says without
     synchronising or allocating when ``out`` is given, so it can be captured in a
     CUDA graph. Any batch that fits the plan runs on it (at most num_seqs
@@ -209,7 +211,8 @@ class Planner:
 
     @property
     def workspace_bytes(self) -> int:
-        """Bytes of the split-K workspace this planner's plans need (the larger of the two)."""
+        """Bytes of the workspace this planner's plans need (split-K records and a staged
+        prefill's pages; the larger of the two plans')."""
         runs = 0 if self.runs_plan is None else int(self.runs_plan.workspace_bytes)
         return max(int(self.plan.workspace_bytes), runs)
 
