@@ -346,10 +346,13 @@ TEST(Planner, LongDequantisedRunsStageTheirPagesAsBf16) {
     p.max_q_len = geometry::kPrefillStageMinRun - 1;
     EXPECT_FALSE(plan_attention(p, gpu_like(1000)).launch.stage_kv);
     p.max_q_len = 4096;
-    // No TMA: never (the bf16 kernel's loads).
+    // No TMA: never (the bf16 kernel's loads); nothing to stage: never.
     AttnTarget no_tma = gpu_like(1000);
     no_tma.tma = false;
     EXPECT_FALSE(plan_attention(p, no_tma).launch.stage_kv);
+    AttnProblem empty = p;
+    empty.max_seq_len = 0;
+    EXPECT_FALSE(plan_attention(empty, gpu_like(1000)).launch.stage_kv);
     // A workspace bound under twice the pages: not staged; forced past the bound: refused.
     AttnPlanOptions small;
     small.max_workspace_bytes = s.bytes * 2 - 1;

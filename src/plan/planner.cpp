@@ -146,14 +146,15 @@ bool prefill_takes(const AttnProblem& p, const AttnTarget& target, int32_t kv_un
 // wherever it can run.
 bool prefill_stages_kv(const AttnProblem& p, const AttnTarget& target, const AttnPlanOptions& opt,
                        const detail::TuningOptions& tune) {
-  const bool can = p.layout.format != KvFormat::bf16 && target.tma;
+  const bool can = p.layout.format != KvFormat::bf16 && target.tma && p.max_seq_len > 0;  // pages to stage
   const size_t bound = opt.max_workspace_bytes ? opt.max_workspace_bytes : kDefaultMaxWorkspaceBytes;
   const size_t bytes = prefill_staging(p).bytes;
   switch (tune.stage_kv) {
     case detail::Toggle::off: return false;
     case detail::Toggle::on:
       if (!can)
-        detail::throw_unsupported("stage_kv", "on", "an FP8 or NVFP4 cache on a target that encodes TMA tensor maps");
+        detail::throw_unsupported("stage_kv", "on",
+                                  "an FP8 or NVFP4 cache on a target that encodes TMA tensor maps, max_seq_len > 0");
       if (bytes > bound)
         detail::throw_invalid("stage_kv", detail::concat("on: ", bytes, " bytes of staged pages"),
                               detail::concat("staged pages within max_workspace_bytes = ", bound, " bytes"));
