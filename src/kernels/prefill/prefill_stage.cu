@@ -133,14 +133,16 @@ __global__ void __launch_bounds__(kStageThreads) prefill_stage_kernel(const __gr
                        (is_v ? p.v : p.k) + staged * p.page_elems, rows, p.head_dim);
 }
 
-}  // namespace
-
+// Where the staged region of `plan` starts in `workspace` (aligned; the
+// split-K records come first).
 uint8_t* prefill_stage_region(const AttnPlan& plan, void* workspace) {
   const size_t records = plan.workspace_bytes - geometry::prefill_staging(plan.problem).bytes;
   const uintptr_t start = reinterpret_cast<uintptr_t>(workspace) + records;
   constexpr uintptr_t kAlign = geometry::kPrefillStageAlign;
   return reinterpret_cast<uint8_t*>((start + kAlign - 1) / kAlign * kAlign);
 }
+
+}  // namespace
 
 PrefillStageParams make_prefill_stage_params(const AttnPlan& plan, const AttnArgs& a, void* workspace) {
   const geometry::PrefillStaging s = geometry::prefill_staging(plan.problem);

@@ -36,10 +36,6 @@ struct PrefillStageParams {
   int64_t page_elems;
 };
 
-// Where the staged region of `plan` starts in `workspace` (aligned; the
-// split-K records come first).
-uint8_t* prefill_stage_region(const AttnPlan& plan, void* workspace);
-
 // The staging kernel's arguments for validated `a` of a plan with
 // launch.stage_kv.
 PrefillStageParams make_prefill_stage_params(const AttnPlan& plan, const AttnArgs& a, void* workspace);
