@@ -26,8 +26,8 @@ namespace metrale::geometry {
 constexpr int32_t kPrefillStageMinRun = 2048;
 
 // Where the staged pages live: a region of the workspace after the split-K
-// records (`records` bytes, aligned up to kPrefillStageAlign from wherever
-// the workspace starts), holding the staged block table, then the K pages,
+// records (the plan's workspace_bytes less this region's bytes), its start
+// aligned up to kPrefillStageAlign, holding the staged block table, then the K pages,
 // then the V pages, each a bf16 page of the cache's block_size, kv heads
 // and head_dim (row (token, head) at (token * H + head) * D).
 constexpr size_t kPrefillStageAlign = 256;
