@@ -64,6 +64,7 @@
 
 #include "kernels/common/kernel_flags.hpp"
 #include "kernels/common/mma.cuh"
+#include "kernels/common/sequence_run.cuh"
 #include "kernels/decode/decode_cluster_merge.cuh"
 #include "kernels/decode/decode_config.cuh"
 #include "kernels/decode/decode_epilogue.cuh"
@@ -127,13 +128,14 @@ __global__ void __launch_bounds__(
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   // Never read past the block-table row, whatever seq_lens says.
-  const int32_t seq_len = min(max(p.seq_lens[seq], 0), p.max_blocks_per_seq * p.block_size);
+  const int32_t seq_len = clamped_seq_len(p, seq);
   const int32_t first_pos = window_start(seq_len, p.sliding_window);
   RunColumns rc{};
   if constexpr (kRuns) {
     rc.seq_len = seq_len;
-    rc.row0 = p.q_start ? p.q_start[seq] : int32_t(seq);
-    rc.run_len = p.q_start ? min(max(p.q_start[seq + 1] - rc.row0, 0), seq_len) : 1;
+    const QueryRun run = query_run(p, seq, seq_len);
+    rc.row0 = run.row0;
+    rc.run_len = run.len;
     rc.fc0 = tile * kCols;
     rc.group = p.group;
     rc.kv_head = kv_head;

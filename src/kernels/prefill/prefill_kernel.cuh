@@ -134,9 +134,8 @@ __global__ void __launch_bounds__(PrefillConfig<Fmt, D>::kThreads, 1)
   // Q rows visible to all of its threads).
   bool bad_page = false;
   {
-    const int32_t first_page = query_range(seq_len, run_len, 0, p.sliding_window).begin / p.block_size;
-    const int32_t end_page = (seq_len + p.block_size - 1) / p.block_size;
-    for (int32_t pg = first_page + ct; pg < end_page; pg += 128) {
+    const PageRange pages = run_pages(seq_len, run_len, p.sliding_window, p.block_size);
+    for (int32_t pg = pages.first + ct; pg < pages.end; pg += 128) {
       const int32_t id = __ldg(table + pg);
       bad_page = bad_page || id < 0 || id >= p.num_blocks;
     }

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/sequence_run.cuh"
 #include "kernels/prefill/prefill_params.hpp"
 #include "metrale/ops.hpp"
 
@@ -89,9 +90,10 @@ struct PrefillTile {
     seq = item.seq;
     tile = item.tile;
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    seq_len = min(max(p.seq_lens[seq], 0), p.max_blocks_per_seq * p.block_size);
-    row0 = p.q_start ? p.q_start[seq] : int32_t(seq);
-    run_len = p.q_start ? min(max(p.q_start[seq + 1] - row0, 0), seq_len) : 1;
+    seq_len = clamped_seq_len(p, seq);
+    const QueryRun run = query_run(p, seq, seq_len);
+    row0 = run.row0;
+    run_len = run.len;
     group = p.group;
     const int32_t packed = run_len * group;  // the run's packed rows
     row_hi = packed - tile * kM;

@@ -16,6 +16,7 @@
 #include "kernels/common/attention_params.hpp"
 #include "kernels/common/dependent_launch.hpp"
 #include "kernels/common/mma.cuh"
+#include "kernels/common/sequence_run.cuh"
 #include "kernels/formats/fp8.cuh"
 #include "kernels/formats/nvfp4.cuh"
 #include "kernels/prefill/prefill_stage.hpp"
@@ -106,12 +107,10 @@ __global__ void __launch_bounds__(kStageThreads) prefill_stage_kernel(const __gr
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int32_t seq = int32_t(blockIdx.y), slot = int32_t(blockIdx.x);
   const bool is_v = blockIdx.z == 1;
-  // The prefill kernel's length and run (prefill_scheduler.cuh, PrefillTile::rows).
-  const int32_t seq_len = min(max(p.seq_lens[seq], 0), p.max_blocks_per_seq * p.block_size);
-  const int32_t row0 = p.q_start ? p.q_start[seq] : seq;
-  const int32_t run_len = p.q_start ? min(max(p.q_start[seq + 1] - row0, 0), seq_len) : 1;
-  const int32_t first = query_range(seq_len, run_len, 0, p.sliding_window).begin / p.block_size;
-  const int32_t end = (seq_len + p.block_size - 1) / p.block_size;
+  // The prefill kernel's length, run and attended pages (sequence_run.cuh).
+  const int32_t seq_len = clamped_seq_len(p, seq);
+  const PageRange span = run_pages(seq_len, query_run(p, seq, seq_len).len, p.sliding_window, p.block_size);
+  const int32_t first = span.first, end = span.end;
   int32_t* table = p.table + int64_t(seq) * p.table_stride;
   if (int64_t(seq_len) > int64_t(p.table_stride) * p.block_size || end - first > p.slots) {
     if (is_v) return;
@@ -133,10 +132,10 @@ __global__ void __launch_bounds__(kStageThreads) prefill_stage_kernel(const __gr
                        (is_v ? p.v : p.k) + staged * p.page_elems, rows, p.head_dim);
 }
 
-// Where the staged region of `plan` starts in `workspace` (aligned; the
+// Where the staged region `s` of `plan` starts in `workspace` (aligned; the
 // split-K records come first).
-uint8_t* prefill_stage_region(const AttnPlan& plan, void* workspace) {
-  const size_t records = plan.workspace_bytes - geometry::prefill_staging(plan.problem).bytes;
+uint8_t* prefill_stage_region(const AttnPlan& plan, const geometry::PrefillStaging& s, void* workspace) {
+  const size_t records = plan.workspace_bytes - s.bytes;
   const uintptr_t start = reinterpret_cast<uintptr_t>(workspace) + records;
   constexpr uintptr_t kAlign = geometry::kPrefillStageAlign;
   return reinterpret_cast<uint8_t*>((start + kAlign - 1) / kAlign * kAlign);
@@ -146,7 +145,7 @@ uint8_t* prefill_stage_region(const AttnPlan& plan, void* workspace) {
 
 PrefillStageParams make_prefill_stage_params(const AttnPlan& plan, const AttnArgs& a, void* workspace) {
   const geometry::PrefillStaging s = geometry::prefill_staging(plan.problem);
-  uint8_t* region = prefill_stage_region(plan, workspace);
+  uint8_t* region = prefill_stage_region(plan, s, workspace);
   PrefillStageParams p{};
   fill_paged_inputs(p, a);
   p.num_kv_heads = a.cache.layout.num_kv_heads;
