@@ -58,6 +58,9 @@ void with_decode_head_dim(const detail::KernelId& id, F&& f) {
       case 128: return f(DecodeInstance<Fmt, 128, L, S, R>{});
       case 256: return f(DecodeInstance<Fmt, 256, L, S, R>{});
     }
+  } else if (id.runs) {
+    // A runs id with column tiles not instantiated above: refused below,
+    // never launched as the decode kernel.
   } else if (id.pair_kv_heads) {
     if (id.head_dim == 128) return f(DecodeInstance<Fmt, 128, L, P>{});
   } else {
