@@ -46,7 +46,7 @@ Quick tour::
     out = plan.run(q, cache.layer(0), block_tables, seq_lens)
 """
 
-from ._arrays import MAX_SPLITS, from_bf16, make_layout, to_bf16
+from ._arrays import MAX_SPLITS, SUPPORTED_HEAD_DIMS, from_bf16, make_layout, to_bf16
 from ._metrale import AttnPlan, BlockAllocator, CudaError, KvCacheLayout, KvFormat
 from .attention import attention, reduce_states
 from .cache import Calibrator, PagedKVCache, kv_scales_from_absmax
@@ -81,6 +81,7 @@ __all__ = [
     "to_bf16",
     "from_bf16",
     "MAX_SPLITS",
+    "SUPPORTED_HEAD_DIMS",
 ]
 
 __version__ = "0.1.0"

@@ -12,6 +12,7 @@ from ._metrale import KvCacheLayout, KvFormat
 
 
 MAX_SPLITS: int = _metrale.max_splits()
+SUPPORTED_HEAD_DIMS: tuple = _metrale.SUPPORTED_HEAD_DIMS  # head_dim of a cache layout (metrale/cache.hpp)
 
 _DLPACK_CPU = 1
 _DLPACK_CUDA = 2

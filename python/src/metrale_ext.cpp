@@ -279,6 +279,11 @@ NB_MODULE(_metrale, m) {
       });
 
   m.attr("KV_SCALE_NAMES") = nb::make_tuple(kScaleNames[0], kScaleNames[1], kScaleNames[2], kScaleNames[3]);
+  {
+    nb::list dims;  // metrale/cache.hpp's kSupportedHeadDims
+    for (int d : kSupportedHeadDims) dims.append(d);
+    m.attr("SUPPORTED_HEAD_DIMS") = nb::tuple(dims);
+  }
   m.def(
       "kv_scales_from_absmax",
       [](KvFormat f, float k_absmax, float v_absmax) { return to_tuple(kv_scales_from_absmax(f, k_absmax, v_absmax)); },

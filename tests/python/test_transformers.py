@@ -304,7 +304,8 @@ def test_beam_search_generates_through_the_cache(model, prompts):
 
 _FAMILY = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=0, eos_token_id=1, bos_token_id=2)
-FAMILIES = {  # what each adds: GQA; a sliding window; soft-cap + windows + d128; sinks + windows
+FAMILIES = {  # what each adds: GQA; a sliding window; soft-cap + windows + d128; sinks + windows; rows of
+    # 96 (padded to 128); a config without num_key_value_heads (the cache takes the model's K: 4 heads)
     "Llama": dict(_FAMILY, head_dim=64),
     "Mistral": dict(_FAMILY, head_dim=64, sliding_window=24),
     "Gemma2": dict(_FAMILY, head_dim=128, sliding_window=24, attn_logit_softcapping=50.0,
@@ -313,6 +314,8 @@ FAMILIES = {  # what each adds: GQA; a sliding window; soft-cap + windows + d128
     # 4 experts against 0.03 with one), which is the router's, not the attention's
     "GptOss": dict(_FAMILY, head_dim=64, num_local_experts=1, num_experts_per_tok=1, sliding_window=24,
                    intermediate_size=128),
+    "Phi3": dict(_FAMILY, hidden_size=384),
+    "GPTNeoX": dict(_FAMILY),
 }
 
 
@@ -355,6 +358,56 @@ def test_gpt_oss_at_batch_one(device):
     assert float((got - ref).abs().max()) <= 0.03, float((got - ref).abs().max())
     m.set_attn_implementation("metrale")
     _prompt_lookup(m, "bf16", device)
+
+
+def _causal_reference(q, k, v, scale):
+    """float64 causal attention of (batch, heads, n, d) q over (batch, kv_heads, n, dv) k/v, the
+    last query row at the last position (GQA: q head h reads kv head h // group)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    s = q.double() @ k.transpose(-1, -2) * scale
+    n, m = q.shape[2], k.shape[2]
+    s = s.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(m - n + 1), float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2)  # (batch, n, heads, dv)
+
+
+@pytest.mark.parametrize("dk,dv", [(96, 64), (32, 32), (80, 80)])
+def test_rows_narrower_than_a_supported_head_dim_are_padded(dk, dv):
+    """Rows of 32, 80 or 96 elements, and V narrower than K (as a latent attention's), are held
+    zero-padded to the next supported head_dim: a prompt of 9 tokens and two decode steps match
+    float64 attention over the same bf16 values (within the bf16 output's rounding)."""
+    from types import SimpleNamespace
+    cfg = SimpleNamespace(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=dk,
+                          hidden_size=4 * dk)
+    cache = mt.PagedCache(cfg, "bf16", max_batch_size=2, max_cache_len=32, block_size=16)
+    layer = SimpleNamespace(layer_idx=0)
+    g = torch.Generator().manual_seed(dk + dv)
+    ks, vs = [], []
+    for n in (9, 1, 1):
+        q = torch.randn(2, 4, n, dk, generator=g).bfloat16()
+        k, v = torch.randn(2, 2, n, dk, generator=g).bfloat16(), torch.randn(2, 2, n, dv, generator=g).bfloat16()
+        ks.append(k)
+        vs.append(v)
+        key, value = cache.update(k, v, 0)
+        out, _ = mt.metrale_attention_forward(layer, q, key, value, None, scaling=dk ** -0.5)
+        assert out.shape == (2, n, 4, dv)
+        ref = _causal_reference(q, torch.cat(ks, 2), torch.cat(vs, 2), dk ** -0.5)
+        assert float((out.double() - ref).abs().max()) <= 1e-2
+    assert (cache.head_dim, cache.v_head_dim, cache.page_head_dim) == (dk, dv, 128 if max(dk, dv) > 64 else 64)
+
+
+def test_attention_that_bypasses_the_cache_is_an_error(model, prompts):
+    """A PagedCache under another attention implementation (or a model whose attention does not
+    go through AttentionInterface) would attend over the new tokens only: the next layer's
+    update says so instead."""
+    ids, mask = prompts
+    cache = mt.PagedCache(model.config, "bf16", max_batch_size=4, max_cache_len=64)
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad(), pytest.raises(RuntimeError, match="did not run through attn_implementation"):
+            model(input_ids=ids, attention_mask=mask, use_cache=True, **{hg.cache_kwarg(): cache})
+    finally:
+        model.set_attn_implementation("metrale")
 
 
 def test_errors_name_the_problem(model, prompts):

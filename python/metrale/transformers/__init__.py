@@ -28,6 +28,12 @@ What the cache does:
 * **Sliding windows**: per layer from ``config.layer_types`` / ``config.sliding_window``
   (or the ``sliding_window`` the model passes); the window is applied by the kernels, the
   pages stay allocated.
+* **Geometry**: kv heads and head dims from the model's first K/V; rows narrower than a
+  supported head_dim (64, 128, 256), or V narrower than K, are held zero-padded to the next
+  one (the queries too; the output comes back at V's width).
+* **Bypass check**: a layer whose attention did not run through ``"metrale"`` (another
+  implementation, or a model that does not use transformers' AttentionInterface) makes the
+  next ``update`` raise, since the cache returns only the new tokens' K/V.
 * **Calibration**: FP8 / NVFP4 scales of each layer from the absmax of the first K/V it is
   given (the prompt's real tokens), before that write; fixed afterwards.
 * **Assisted generation** (speculative decoding with an assistant model or prompt lookup,

@@ -45,6 +45,8 @@ def metrale_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     cache = getattr(_forward, "cache", None)
     _forward.cache = None  # consumed: each layer's update names the cache again
     layer = getattr(module, "layer_idx", None)
+    if cache is not None and layer is not None:
+        cache.consume(layer)
     if cache is None or layer is None or cache.last_updated_layer != layer:
         raise RuntimeError(f"attn_implementation 'metrale' needs {cache_kwarg()}=metrale.transformers.PagedCache(...) "
                            f"updated for this layer (module layer_idx = {layer!r}); pass one to generate/forward "

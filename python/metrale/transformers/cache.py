@@ -13,7 +13,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .. import torch_ops  # noqa: F401 (registers torch.ops.metrale.*)
-from .._arrays import format_name, make_layout
+from .._arrays import SUPPORTED_HEAD_DIMS, format_name, make_layout
 from .._metrale import KvFormat
 from ..cache import PagedKVCache
 from .attention import make_current
@@ -41,6 +41,16 @@ def _layer_windows(config: Any, num_layers: int) -> List[int]:
             raise ValueError(f"'config.layer_types[{i}]' = {t!r}; metrale serves 'full_attention' and "
                              "'sliding_attention' layers")
     return out
+
+
+def _page_head_dim(head_dim: int, what: str) -> int:
+    """The head_dim of the pages that hold rows of `head_dim` elements: the smallest one the
+    library supports that is at least as wide (the rows, and the queries, zero-padded to it)."""
+    for d in SUPPORTED_HEAD_DIMS:
+        if head_dim <= d:
+            return d
+    raise ValueError(f"{what} = {head_dim}; metrale's caches hold rows of up to {max(SUPPORTED_HEAD_DIMS)} "
+                     f"elements (head_dim {', '.join(map(str, SUPPORTED_HEAD_DIMS))}; narrower rows are zero-padded)")
 
 
 class _PagedLayer(CacheLayerMixin):
@@ -96,6 +106,13 @@ class PagedCache(Cache):
     layer (default ``max_batch_size * ceil(max_cache_len / block_size)``: every sequence at
     full length); ``device`` where the pages are allocated (default: the device of the first
     K given). Use with a model whose ``attn_implementation`` is ``"metrale"``.
+
+    The pages' geometry comes from the first K/V the model hands over (kv heads, K's and V's
+    head_dim), not from the config (which some families spell differently); the config's is
+    used only when ``set_scales`` allocates the pages before that. Rows narrower than a
+    supported head_dim (64, 128, 256), and V narrower than K (multi-head latent attention),
+    are stored zero-padded to the next one, and the queries padded alike: the scores and the
+    output are unchanged, the pages cost the padded width.
     """
 
     def __init__(self, config: Any, format: str = "bf16", *, max_batch_size: int, max_cache_len: int,
@@ -121,9 +138,12 @@ class PagedCache(Cache):
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"'num_blocks' = {num_blocks!r}; expected an int >= 1")
         self.num_blocks = int(num_blocks)
+        # The config's geometry, until the first K/V gives the model's own (_set_geometry).
         self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
         self.num_q_heads = int(text.num_attention_heads)
         self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+        self.v_head_dim = self.head_dim
+        self._geometry_known = False
         self.windows = _layer_windows(text, num_layers)
         self._device = None if device is None else torch.device(device)
         self.kv: Optional[PagedKVCache] = None  # allocated on the first update (on the K's device)
@@ -136,6 +156,7 @@ class PagedCache(Cache):
         self._bt = BlockTables(self.num_blocks, self.block_size, self.max_blocks_per_seq)  # pages of the batch
         self._calibrated = [False] * len(self.windows)
         self._last_layer = None
+        self._pending_layer: Optional[int] = None  # updated, its attention not run yet
         self._step: Optional[_Step] = None
         self._dev: Dict[str, torch.Tensor] = {}
 
@@ -159,10 +180,37 @@ class PagedCache(Cache):
     def max_cache_len(self) -> int:
         return self._max_cache_len
 
+    @property
+    def page_head_dim(self) -> int:
+        """The head_dim of the pages: head_dim and v_head_dim zero-padded to a supported one."""
+        return _page_head_dim(max(self.head_dim, self.v_head_dim), "'head_dim'")
+
+    def _set_geometry(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """The model's kv heads and head dims, from its first K/V (batch, kv_heads, n, head_dim);
+        afterwards, a check that every K/V has them."""
+        if key_states.dim() != 4 or value_states.dim() != 4 or key_states.shape[:3] != value_states.shape[:3]:
+            raise ValueError(f"'key_states' / 'value_states': shapes {tuple(key_states.shape)} / "
+                             f"{tuple(value_states.shape)}; expected (batch, kv_heads, tokens, head_dim) each")
+        got = (int(key_states.shape[1]), int(key_states.shape[3]), int(value_states.shape[3]))
+        have = (self.num_kv_heads, self.head_dim, self.v_head_dim)
+        if self._geometry_known:
+            if got != have:
+                raise ValueError(f"'key_states' / 'value_states' of layer {layer}: {got[0]} kv heads of head_dim "
+                                 f"{got[1]} / {got[2]}; expected the first layer's {have[0]} of {have[1]} / {have[2]} "
+                                 "(the cache holds every layer in one geometry)")
+            return
+        _page_head_dim(max(got[1], got[2]), "'key_states' / 'value_states' head_dim")
+        if self.kv is not None and (got[0] != self.num_kv_heads or _page_head_dim(max(got[1:]), "") != self.page_head_dim):
+            raise ValueError(f"'key_states' / 'value_states': {got[0]} kv heads of head_dim {got[1]} / {got[2]}; the "
+                             f"pages set_scales allocated from the config hold {self.num_kv_heads} of "
+                             f"{self.page_head_dim} (a config that does not describe the model)")
+        self.num_kv_heads, self.head_dim, self.v_head_dim = got
+        self._geometry_known = True
+
     def _allocate(self, device: torch.device) -> None:
         if self._device is None:
             self._device = device
-        self.kv = PagedKVCache(self.format, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
+        self.kv = PagedKVCache(self.format, self.num_blocks, self.block_size, self.num_kv_heads, self.page_head_dim,
                                num_layers=len(self.windows), device=str(self._device),
                                nvfp4_scales=self.nvfp4_scales)
         # Per layer, as torch tensors sharing the cache's memory (CPU pages and counters are NumPy
@@ -180,12 +228,23 @@ class PagedCache(Cache):
         function writes them (the cache's only copy) and attends over the pages."""
         if not 0 <= layer_idx < len(self.layers):
             raise ValueError(f"'layer_idx' = {layer_idx}; expected an int in [0, {len(self.layers)})")
+        # A later layer of the same forward while an earlier one's attention never came (a new
+        # forward starts over: an exception may have ended the last one between the two).
+        pending, self._pending_layer = self._pending_layer, None
+        if pending is not None and layer_idx > pending:
+            raise RuntimeError(f"metrale PagedCache: layer {pending}'s attention did not run through "
+                               "attn_implementation 'metrale' (the cache holds only what that attention writes): "
+                               "call model.set_attn_implementation('metrale'), or load the model with it; a model "
+                               "whose attention does not go through transformers' AttentionInterface cannot use "
+                               "this cache")
+        self._set_geometry(layer_idx, key_states, value_states)
         if self.kv is None:
             self._allocate(key_states.device)
         if self._last_layer is None or layer_idx <= self._last_layer:  # the first layer of a new forward
             self._columns += int(key_states.shape[2])
             self._step = None
         self._last_layer = layer_idx
+        self._pending_layer = layer_idx
         self.layers[layer_idx].is_initialized = True
         make_current(self)
         return key_states, value_states
@@ -213,6 +272,12 @@ class PagedCache(Cache):
             self._allocate(torch.device(device) if device is not None else (self._device or torch.device("cpu")))
         self.kv.set_scales(layer, **scales)
         self._calibrated[layer] = True
+
+    def consume(self, layer: int) -> None:
+        """Marks `layer`'s update as taken by the metrale attention function (before its checks, so
+        an error there is reported as itself, not as a bypassed attention at the next update)."""
+        if self._pending_layer == layer:
+            self._pending_layer = None
 
     @property
     def last_updated_layer(self) -> Optional[int]:
@@ -312,6 +377,7 @@ class PagedCache(Cache):
         """After the sequences changed between forwards: the next layer call starts a new step."""
         self._step = None
         self._last_layer = None
+        self._pending_layer = None
 
     def _grow(self, b: int, new_len: int) -> None:
         """Gives sequence b the blocks that `new_len` real tokens need (host table)."""
@@ -434,8 +500,22 @@ class PagedCache(Cache):
     def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                mask: Optional[torch.Tensor], scaling: Optional[float], window: int, softcap: float,
                sinks: Optional[torch.Tensor]) -> torch.Tensor:
-        """Writes this forward's K/V of `layer` and attends: (batch, n, q_heads, head_dim) bf16."""
-        batch, hq, n, d = query.shape
+        """Writes this forward's K/V of `layer` and attends: (batch, n, q_heads, v_head_dim) bf16."""
+        batch, hq, n, dq = query.shape
+        kv = (int(key.shape[1]), int(key.shape[3]), int(value.shape[3]))
+        if kv != (self.num_kv_heads, self.head_dim, self.v_head_dim):
+            raise ValueError(f"'key' / 'value': {kv[0]} kv heads of head_dim {kv[1]} / {kv[2]}, but the model's "
+                             f"cache.update handed {self.num_kv_heads} of {self.head_dim} / {self.v_head_dim}: it caches "
+                             "something else than the K/V it attends with (as multi-head latent attention caches "
+                             "its latent), which metrale's cache does not hold")
+        if dq != kv[1]:
+            raise ValueError(f"'query': head_dim {dq}; expected K's {kv[1]}")
+        dv, d = int(value.shape[3]), self.page_head_dim
+        sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(dq)
+        if dq != d:  # zero columns add nothing to the scores
+            query, key = torch.nn.functional.pad(query, (0, d - dq)), torch.nn.functional.pad(key, (0, d - dq))
+        if dv != d:  # nor zero V columns to the kept output
+            value = torch.nn.functional.pad(value, (0, d - dv))
         step = self._prepare(batch, n, mask, query.device)
         slots = step.slots.view(batch, n)
         if not self._calibrated[layer]:
@@ -458,14 +538,13 @@ class PagedCache(Cache):
                                                             slots[b], k_cache, v_cache, fmt, bs, hkv, k_scale,
                                                             v_scale, sat, nvfp4_scales=self.nvfp4_scales)
         self.kv.mark_written(layer)
-        sm = float(scaling) if scaling is not None else 1.0 / math.sqrt(d)
         table, lens = self._dev["table"], self._dev["lens"]
         plan_len = self._plan_len(step.max_len)
         if n == 1 and step.rows is None:  # decode: (batch, heads, 1, d) as it comes
             out, _ = torch.ops.metrale.attention(query, k_cache, v_cache, table, lens, fmt, bs, hkv, k_scale,
                                                  v_scale, max_seq_len=plan_len, sliding_window=window,
                                                  sm_scale=sm, sinks=sinks, softcap=softcap)
-            return out.view(batch, 1, hq, d)
+            return _unpadded(out.view(batch, 1, hq, d), dv)
         # (batch, heads, n, d) -> rows (batch*n, heads, d): a view at batch 1 (heads strided), a
         # copy otherwise; padding rows dropped.
         q_rows = query[0].transpose(0, 1) if batch == 1 else query.transpose(1, 2).reshape(batch * n, hq, d)
@@ -475,10 +554,15 @@ class PagedCache(Cache):
                                              q_start=step.q_start, max_q_len=step.max_q_len, max_seq_len=plan_len,
                                              sliding_window=window, sm_scale=sm, sinks=sinks, softcap=softcap)
         if step.rows is None:
-            return out.view(batch, n, hq, d)
+            return _unpadded(out.view(batch, n, hq, d), dv)
         full = out.new_zeros((batch * n, hq, d))
         full.index_copy_(0, step.rows, out)
-        return full.view(batch, n, hq, d)
+        return _unpadded(full.view(batch, n, hq, d), dv)
+
+
+def _unpadded(out: torch.Tensor, dv: int) -> torch.Tensor:
+    """The output's first dv columns (V's own width), contiguous."""
+    return out if out.shape[-1] == dv else out[..., :dv].contiguous()
 
 
 class _Step:
