@@ -339,6 +339,20 @@ def test_model_families_match_eager(prompts, family):
     assert torch.isfinite(q).all() and float((q - ref).abs().max()) <= 0.3 * float(ref.abs().max())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_float32_and_float16_models_attend_in_bfloat16(prompts, dtype):
+    """A model kept in float32 or float16 runs through the integration with q/K/V rounded to
+    bfloat16 and its output cast back: within 0.03 of its own eager attention (as BF16 is)."""
+    import transformers as tf
+    torch.manual_seed(0)
+    m = tf.LlamaForCausalLM(tf.LlamaConfig(**FAMILIES["Llama"])).to(dtype).eval()
+    ids, mask = prompts
+    cont = torch.randint(3, 512, (ids.shape[0], 6), generator=torch.Generator().manual_seed(1))
+    ref = hg.teacher_forced(m, ids, mask, cont, "eager")[0]
+    got = hg.teacher_forced(m, ids, mask, cont, "metrale", "bf16")[0]
+    assert float((got - ref).abs().max()) <= 0.03, float((got - ref).abs().max())
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not (torch.cuda.is_available() and metrale.cuda_available()), reason="no CUDA device usable by metrale (sm_90)"))])
 def test_gpt_oss_at_batch_one(device):

@@ -46,7 +46,8 @@ What the cache does:
 
 Limits: one batch per cache (``reset()`` to reuse it; ``num_return_sequences`` and
 ``num_beams`` expand the prompts before the prefill: ``max_batch_size`` counts the copies);
-the model runs in bfloat16; the tokens of a decode step are never padding (what ``generate`` does).
+attention runs in bfloat16 (a float16 / float32 model's q, K, V are rounded to it, the output
+cast back); the tokens of a decode step are never padding (what ``generate`` does).
 Continuous batching (``generate_batch``) builds its own ``PagedAttentionCache`` internally
 and is not served (docs/engines.md).
 """

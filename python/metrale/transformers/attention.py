@@ -51,9 +51,12 @@ def metrale_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         raise RuntimeError(f"attn_implementation 'metrale' needs {cache_kwarg()}=metrale.transformers.PagedCache(...) "
                            f"updated for this layer (module layer_idx = {layer!r}); pass one to generate/forward "
                            "(the keyword is 'cache' from transformers 5.24 on, 'past_key_values' before)")
-    if query.dtype != torch.bfloat16:
-        raise TypeError(f"'query': dtype {query.dtype}; attn_implementation 'metrale' expects torch.bfloat16 "
-                        "(load the model with dtype=torch.bfloat16)")
+    dtype = query.dtype
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"'query': dtype {dtype}; attn_implementation 'metrale' expects torch.bfloat16 (float16 "
+                        "and float32 models run through it with q/K/V rounded to bfloat16)")
+    if dtype != torch.bfloat16:  # the cache's rows and the kernels' queries are bfloat16
+        query, key, value = query.to(torch.bfloat16), key.to(torch.bfloat16), value.to(torch.bfloat16)
     if dropout:
         raise ValueError(f"'dropout' = {dropout!r}; metrale attention is inference-only (expected 0)")
     if key.shape[2] != query.shape[2]:
@@ -64,7 +67,7 @@ def metrale_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if s_aux is not None:
         sinks = s_aux.detach().to(torch.float32).contiguous()
     out = cache.attend(layer, query, key, value, attention_mask, scaling, window, float(softcap or 0.0), sinks)
-    return out, None
+    return (out if dtype == torch.bfloat16 else out.to(dtype)), None
 
 
 def metrale_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
