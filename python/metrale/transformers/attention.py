@@ -40,8 +40,9 @@ def metrale_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
                               softcap: Optional[float] = None, s_aux: Optional[torch.Tensor] = None,
                               **kwargs) -> Tuple[torch.Tensor, None]:
     """The attention function of ``attn_implementation="metrale"``: query (batch, q_heads, n,
-    head_dim), key/value (batch, kv_heads, n, head_dim) of the new tokens; writes them into the
-    current PagedCache and attends over it. Returns ((batch, n, q_heads, head_dim), None)."""
+    head_dim), key/value (batch, kv_heads, n, head_dim) of the new tokens (V's head_dim may be
+    narrower); writes them into the current PagedCache and attends over it. Returns ((batch, n,
+    q_heads, V's head_dim), None) in the query's dtype."""
     cache = getattr(_forward, "cache", None)
     _forward.cache = None  # consumed: each layer's update names the cache again
     layer = getattr(module, "layer_idx", None)
