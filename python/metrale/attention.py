@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _metrale
 from ._arrays import ArrayLike, _device_of, _DLPACK_CPU, _require_array, _require_writable, _stream_handle, _dl
-from .planner import Planner, _host_values, _int32_index, _q_shape
+from .planner import Planner, _check_int, _host_values, _int32_index, _q_shape
 from .view import KVCacheView, _as_view
 
 
@@ -54,6 +54,8 @@ def attention(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_len
     view = _as_view(cache)
     for a, n in ((q, "q"), (block_tables, "block_tables"), (seq_lens, "seq_lens")):
         _require_array(a, n)
+    _check_int("max_q_len", max_q_len, 0, what=" (0: from q_start)")
+    _check_int("max_seq_len", max_seq_len, 0, what=" (0: from seq_lens)")
     D = int(view.layout.head_dim)
     rows, hq = _q_shape(q, D, num_q_heads)
     block_tables = _int32_index(block_tables, "block_tables")
@@ -69,11 +71,11 @@ def attention(q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_len
             max_q_len = int(np.diff(host).max(initial=1)) if host is not None and host.size > 1 else capacity
     if not max_seq_len:
         host = _host_values(seq_lens)
-        max_seq_len = int(host.max(initial=0)) if host is not None else capacity
+        max_seq_len = max(int(host.max(initial=0)), 0) if host is not None else capacity
     dev = _device_of(q)
     device = "cpu" if dev[0] == _DLPACK_CPU else f"cuda:{dev[1]}"
     options = sinks is not None or bool(softcap) or lse is not None or return_lse
-    planner = Planner(num_seqs, hq, view.layout, max(int(max_seq_len), 0), sliding_window, device,
+    planner = Planner(num_seqs, hq, view.layout, int(max_seq_len), sliding_window, device,
                       max_q_len=max(int(max_q_len), 1), num_q_rows=rows, query_runs=q_start is not None,
                       attn_options=options, num_splits=num_splits, merge=merge,
                       max_workspace_bytes=max_workspace_bytes, allocate_workspace=workspace is None,

@@ -38,6 +38,8 @@ def _q_shape(q: Any, head_dim: int, num_q_heads: Optional[int]) -> Tuple[int, in
     """(rows, q heads) of a query array in the shapes the extension takes: (rows, H, D),
     (rows, H*D), (batch, H, 1, D), (batch, 1, H, D) and (1, H, tokens, D)."""
     shape = tuple(int(x) for x in getattr(q, "shape", ()))
+    if num_q_heads is not None:
+        num_q_heads = _check_int("num_q_heads", num_q_heads, 1, what=" (None: from q's shape)")
     if len(shape) == 3:
         return shape[0], int(num_q_heads) if num_q_heads is not None else shape[1]
     if len(shape) == 2 and head_dim > 0:
@@ -70,26 +72,28 @@ def _empty_like_q(q: Any, shape: Tuple[int, ...], dtype: str):
     return np.empty(shape, dtype=np.uint16 if dtype == "bfloat16" else np.float32)
 
 
+def _check_float(name: str, val: Any, what: str, nonnegative: bool = False) -> float:
+    """A finite real number (a Python or NumPy int or float; not a bool or a string)."""
+    if not isinstance(val, (int, float, np.integer, np.floating)) or isinstance(val, (bool, np.bool_)):
+        raise TypeError(f"'{name}': expected {what}, got {type(val).__name__} {val!r}")
+    f = float(val)
+    if not math.isfinite(f) or (nonnegative and f < 0):
+        raise ValueError(f"'{name}' = {val!r}; expected {what}")
+    return f
+
+
 def _sm_scale(sm_scale: Optional[float], head_dim: int) -> float:
     if sm_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    s = float(sm_scale)
-    if not math.isfinite(s):
-        raise ValueError(f"'sm_scale' = {sm_scale!r}; expected a finite float")
-    return s
+    return _check_float("sm_scale", sm_scale, "a finite float")
 
 
 def _check_window(sliding_window: Any) -> int:
-    if not isinstance(sliding_window, (int, np.integer)) or sliding_window < 0:
-        raise ValueError(f"'sliding_window' = {sliding_window!r}; expected an int >= 0 (0 = off)")
-    return int(sliding_window)
+    return _check_int("sliding_window", sliding_window, 0, what=" (0 = off)")
 
 
 def _check_softcap(softcap: Any) -> float:
-    c = float(softcap)
-    if not math.isfinite(c) or c < 0:
-        raise ValueError(f"'softcap' = {softcap!r}; expected a finite float >= 0 (0 = off)")
-    return c
+    return _check_float("softcap", softcap, "a finite float >= 0 (0 = off)", nonnegative=True)
 
 
 def _check_int(name: str, val: Any, lo: int, hi: Optional[int] = None, what: str = "") -> int:

@@ -314,6 +314,23 @@ def test_bad_q_shape(small):
         metrale.attention(small.q[:, :, :32], small.cache.layer(0), small.block_tables, small.seq_lens)
 
 
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(sliding_window=True), ValueError, "'sliding_window' = True"),
+    (dict(sliding_window=2.5), ValueError, "'sliding_window' = 2.5"),
+    (dict(max_q_len=3.5), ValueError, "'max_q_len' = 3.5"),
+    (dict(max_seq_len=-1), ValueError, "'max_seq_len' = -1"),
+    (dict(num_q_heads=float("inf")), ValueError, "'num_q_heads' = inf"),
+    (dict(sm_scale="0.1"), TypeError, "'sm_scale'.*str"),
+    (dict(softcap=True), TypeError, "'softcap'.*bool"),
+    (dict(softcap=-1.0), ValueError, "'softcap' = -1.0"),
+])
+def test_bad_scalars_are_refused_not_rounded(small, kw, exc, match):
+    """Counts take ints (not bools, floats or strings), scales finite reals: nothing is truncated
+    or read as 1 on the way to the plan."""
+    with pytest.raises(exc, match=match):
+        metrale.attention(small.q, small.cache.layer(0), small.block_tables, small.seq_lens, **kw)
+
+
 def test_bad_gqa_ratio(small):
     q = np.zeros((3, 3, 64), dtype=np.uint16)
     with pytest.raises(ValueError, match=r"num_q_heads.*3.*num_kv_heads = 2"):
