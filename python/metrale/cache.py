@@ -137,7 +137,7 @@ class PagedKVCache:
 
     # ---- buffers & views
     def _check_layer(self, layer: int) -> int:
-        if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
+        if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool) or not 0 <= layer < self.num_layers:
             raise ValueError(f"'layer' = {layer!r}; expected an int in [0, {self.num_layers})")
         return int(layer)
 
@@ -193,7 +193,8 @@ class PagedKVCache:
             val = values[name]
             if val is None:
                 continue
-            if not (isinstance(val, (int, float, np.floating)) and math.isfinite(val) and val > 0):
+            if isinstance(val, (bool, np.bool_)) or not (isinstance(val, (int, float, np.integer, np.floating))
+                                                         and math.isfinite(val) and val > 0):
                 raise ValueError(f"'{name}' = {val!r}; expected a finite float > 0")
             given.append((idx, float(val)))
         self._check_unwritten(layers, force, "setting scales")

@@ -407,6 +407,10 @@ def test_bad_cache_arguments(small):
         metrale.reshape_and_cache(k, v, np.zeros(2, np.int64), short)
     with pytest.raises(ValueError, match=r"k_scale"):
         small.cache.set_scales(k_scale=0.0)
+    with pytest.raises(ValueError, match=r"'k_scale' = True"):  # a bool is not a scale
+        small.cache.set_scales(k_scale=True)
+    with pytest.raises(ValueError, match=r"'layer' = True"):  # nor a layer index
+        small.cache.write(True, k, v, np.zeros(2, np.int64))
     with pytest.raises(TypeError, match=r"'key'.*array.*list"):
         small.cache.write(0, [[1]], v, np.zeros(2, np.int64))
     with pytest.raises(ValueError, match=r"'layer' = 5"):
