@@ -416,6 +416,28 @@ def test_rows_narrower_than_a_supported_head_dim_are_padded(dk, dv):
     assert (cache.head_dim, cache.v_head_dim, cache.page_head_dim) == (dk, dv, 128 if max(dk, dv) > 64 else 64)
 
 
+def test_per_layer_configs_build_a_cache_and_name_what_they_need():
+    """A config whose head_dim and kv heads vary per layer (transformers' heterogeneous configs:
+    Gemma 4's global layers) has no global value to read: the cache is still made, takes its
+    geometry from the first K/V, and a layer of another geometry is refused by name."""
+    import transformers as tf
+    if not hasattr(tf, "Gemma4TextConfig"):
+        pytest.skip("Gemma 4 is not in this transformers")
+    from types import SimpleNamespace
+    cfg = tf.Gemma4TextConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, global_head_dim=128,
+                              sliding_window=24, vocab_size_per_layer_input=512, hidden_size_per_layer_input=16)
+    cache = mt.PagedCache(cfg, "bf16", max_batch_size=1, max_cache_len=32)
+    assert cache.windows == [24, 24, 24, 24, 24, 0]
+    x = torch.zeros(1, 2, 3, 64, dtype=torch.bfloat16)
+    k, v = cache.update(x, x, 0)
+    mt.metrale_attention_forward(SimpleNamespace(layer_idx=0), torch.zeros(1, 4, 3, 64, dtype=torch.bfloat16), k, v,
+                                 None)
+    wide = torch.zeros(1, 2, 3, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="layer 5.*one geometry"):
+        cache.update(wide, wide, 5)
+
+
 def test_attention_that_bypasses_the_cache_is_an_error(model, prompts):
     """A PagedCache under another attention implementation (or a model whose attention does not
     go through AttentionInterface) would attend over the new tokens only: the next layer's

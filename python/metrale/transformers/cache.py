@@ -43,6 +43,14 @@ def _layer_windows(config: Any, num_layers: int) -> List[int]:
     return out
 
 
+def _config_value(config: Any, name: str) -> Any:
+    """config.<name>, or None where the config lacks it or keeps it per layer (reading it raises)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError, for one
+        return None
+
+
 def _page_head_dim(head_dim: int, what: str) -> int:
     """The head_dim of the pages that hold rows of `head_dim` elements: the smallest one the
     library supports that is at least as wide (the rows, and the queries, zero-padded to it)."""
@@ -138,10 +146,11 @@ class PagedCache(Cache):
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"'num_blocks' = {num_blocks!r}; expected an int >= 1")
         self.num_blocks = int(num_blocks)
-        # The config's geometry, until the first K/V gives the model's own (_set_geometry).
-        self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+        # The config's geometry, until the first K/V gives the model's own (_set_geometry); a
+        # config with per-layer values (transformers' heterogeneous configs) has no global one.
         self.num_q_heads = int(text.num_attention_heads)
-        self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+        self.num_kv_heads = int(_config_value(text, "num_key_value_heads") or self.num_q_heads)
+        self.head_dim = int(_config_value(text, "head_dim") or text.hidden_size // self.num_q_heads)
         self.v_head_dim = self.head_dim
         self._geometry_known = False
         self.windows = _layer_windows(text, num_layers)
@@ -195,6 +204,7 @@ class PagedCache(Cache):
         have = (self.num_kv_heads, self.head_dim, self.v_head_dim)
         if self._geometry_known:
             if got != have:
+                _page_head_dim(max(got[1], got[2]), f"layer {layer}'s head_dim")  # the clearer error first
                 raise ValueError(f"'key_states' / 'value_states' of layer {layer}: {got[0]} kv heads of head_dim "
                                  f"{got[1]} / {got[2]}; expected the first layer's {have[0]} of {have[1]} / {have[2]} "
                                  "(the cache holds every layer in one geometry)")
