@@ -20,10 +20,18 @@ from .attention import make_current
 from .blocks import BlockTables
 
 
+def _config_value(config: Any, name: str) -> Any:
+    """config.<name>, or None where the config lacks it or keeps it per layer (reading it raises)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError, for one
+        return None
+
+
 def _layer_windows(config: Any, num_layers: int) -> List[int]:
     """Per-layer sliding window (0 = full attention) from config.layer_types / sliding_window."""
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
+    window = _config_value(config, "sliding_window")
+    types = _config_value(config, "layer_types")
     if types is None:
         return [int(window) if window else 0] * num_layers
     if len(types) < num_layers:
@@ -41,14 +49,6 @@ def _layer_windows(config: Any, num_layers: int) -> List[int]:
             raise ValueError(f"'config.layer_types[{i}]' = {t!r}; metrale serves 'full_attention' and "
                              "'sliding_attention' layers")
     return out
-
-
-def _config_value(config: Any, name: str) -> Any:
-    """config.<name>, or None where the config lacks it or keeps it per layer (reading it raises)."""
-    try:
-        return getattr(config, name, None)
-    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError, for one
-        return None
 
 
 def _page_head_dim(head_dim: int, what: str) -> int:
