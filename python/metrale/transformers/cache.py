@@ -209,8 +209,8 @@ class PagedCache(Cache):
                                  f"{got[1]} / {got[2]}; expected the first layer's {have[0]} of {have[1]} / {have[2]} "
                                  "(the cache holds every layer in one geometry)")
             return
-        _page_head_dim(max(got[1], got[2]), "'key_states' / 'value_states' head_dim")
-        if self.kv is not None and (got[0] != self.num_kv_heads or _page_head_dim(max(got[1:]), "") != self.page_head_dim):
+        page = _page_head_dim(max(got[1], got[2]), "'key_states' / 'value_states' head_dim")
+        if self.kv is not None and (got[0] != self.num_kv_heads or page != self.page_head_dim):
             raise ValueError(f"'key_states' / 'value_states': {got[0]} kv heads of head_dim {got[1]} / {got[2]}; the "
                              f"pages set_scales allocated from the config hold {self.num_kv_heads} of "
                              f"{self.page_head_dim} (a config that does not describe the model)")

@@ -103,10 +103,15 @@ void launch_plan(const AttnPlan& plan, const AttnArgs& a, float* workspace, Stre
                         "num_seqs * num_kv_heads * splits * row tiles <= 2^31-1 (the prefill kernel's grid)");
       grid = dim3(unsigned(ctas));
     }
-    const kernels::PrefillParams p = kernels::make_prefill_params(plan, a, workspace);
-    if (plan.launch.stage_kv)  // the pages as bf16 first; then the bf16 kernel (kernel_id's format)
-      kernels::launch_prefill_stage(kernels::make_prefill_stage_params(plan, a, workspace), plan.problem.layout.format,
-                                    a.num_seqs, stream);
+    if (!plan.launch.stage_kv) {
+      prefill_kernels(plan.kernel_id().format)(kernels::make_prefill_params(plan, a, workspace), plan.kernel_id(),
+                                               grid, stream);
+      return;
+    }
+    // The pages as bf16 first; then the bf16 kernel (kernel_id's format) over them.
+    const kernels::PrefillStageParams staged = kernels::make_prefill_stage_params(plan, a, workspace);
+    const kernels::PrefillParams p = kernels::make_prefill_params(plan, a, workspace, &staged);
+    kernels::launch_prefill_stage(staged, plan.problem.layout.format, a.num_seqs, stream);
     prefill_kernels(plan.kernel_id().format)(p, plan.kernel_id(), grid, stream);
     return;
   }

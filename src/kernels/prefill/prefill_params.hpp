@@ -53,9 +53,14 @@ struct PrefillParams {
   int32_t tile_band;         // launch order: row tiles per band (plan.launch.tile_band), 0: a 3-d grid
 };
 
+struct PrefillStageParams;
+
 // The plan's arguments for the prefill kernel: validated `a` (and, for
-// split-K through the workspace, `workspace`). Throws CudaError where the
-// driver cannot encode the TMA plan's cache maps.
-PrefillParams make_prefill_params(const AttnPlan& plan, const AttnArgs& a, float* workspace);
+// split-K through the workspace, `workspace`); `staged` (a plan with
+// launch.stage_kv): the staging kernel's params, whose bf16 pages and block
+// table the kernel reads instead of the cache's. Throws CudaError where the
+// driver cannot encode the TMA plan's page maps.
+PrefillParams make_prefill_params(const AttnPlan& plan, const AttnArgs& a, float* workspace,
+                                  const PrefillStageParams* staged = nullptr);
 
 }  // namespace metrale::kernels
