@@ -42,7 +42,7 @@ Quick tour::
     out = metrale.attention(q, cache.layer(0), block_tables, seq_lens)   # decode
     out, lse = metrale.attention(q, cache.layer(0), block_tables, seq_lens,
                                  q_start=q_start, sinks=sinks, return_lse=True)  # query runs
-    plan = metrale.Planner(num_seqs, 32, cache.layout, max_seq_len)  # once per batch shape
+    plan = metrale.Planner(num_seqs, 32, cache, max_seq_len)  # once per batch shape, on the cache's device
     out = plan.run(q, cache.layer(0), block_tables, seq_lens)
 """
 

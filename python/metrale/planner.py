@@ -230,7 +230,8 @@ class Planner:
         if qdev[0] != want or (want == _DLPACK_CUDA and qdev[1] != self._device[1]):
             got = "cpu" if qdev[0] == _DLPACK_CPU else (f"cuda:{qdev[1]}" if qdev[0] == _DLPACK_CUDA
                                                          else f"DLPack device {qdev}")
-            raise ValueError(f"'q' is on {got}; expected {self.device} (the planner's device)")
+            raise ValueError(f"'q' is on {got}; expected {self.device} (the planner's device: make the Planner from "
+                             "the PagedKVCache or view, which carry their device, or pass device=)")
 
     def run(self, q: ArrayLike, cache: KVCacheView, block_tables: ArrayLike, seq_lens: ArrayLike,
             out: Optional[ArrayLike] = None, workspace: Optional[ArrayLike] = None, sm_scale: Optional[float] = None,
