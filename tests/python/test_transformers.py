@@ -481,6 +481,32 @@ def test_errors_name_the_problem(model, prompts):
         mt.PagedCache(bad, "bf16", max_batch_size=1, max_cache_len=8)
 
 
+def test_a_forward_refused_leaves_the_cache_as_it_was(model, prompts):
+    """A forward that metrale refuses before it writes (a batch past max_batch_size, a prompt
+    past max_cache_len, no free block) gives back what it counted and took: the cache's length,
+    its blocks and its batch are the last forward's, and the next generate runs as on a fresh
+    cache."""
+    ids, mask = prompts
+    model.set_attn_implementation("metrale")
+    kw = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    want = model.generate(input_ids=ids[:2], attention_mask=mask[:2], **kw,
+                          **{hg.cache_kwarg(): mt.PagedCache(model.config, "bf16", max_batch_size=4,
+                                                              max_cache_len=64)})
+    blocks_per_seq = -(-(max(PROMPTS) + 3) // 16)
+    for bad, cache in [
+            ((ids, mask), mt.PagedCache(model.config, "bf16", max_batch_size=2, max_cache_len=64)),
+            ((torch.cat([ids, ids], 1), torch.cat([mask, mask], 1)),
+             mt.PagedCache(model.config, "bf16", max_batch_size=4, max_cache_len=64)),
+            ((ids, mask), mt.PagedCache(model.config, "bf16", max_batch_size=4, max_cache_len=64,
+                                        num_blocks=2 * blocks_per_seq + 1))]:
+        with torch.no_grad(), pytest.raises((ValueError, RuntimeError)):
+            model(input_ids=bad[0], attention_mask=bad[1], use_cache=True, **{hg.cache_kwarg(): cache})
+        assert cache.get_seq_length() == 0 and cache.batch_size == -1
+        assert cache.allocator.num_used == 0
+        got = model.generate(input_ids=ids[:2], attention_mask=mask[:2], **kw, **{hg.cache_kwarg(): cache})
+        assert torch.equal(got, want)
+
+
 @pytest.mark.skipif(not (torch.cuda.is_available() and metrale.cuda_available()),
                     reason="no CUDA device usable by metrale (sm_90)")
 def test_gpu_hf_generate_script_runs_quickly():

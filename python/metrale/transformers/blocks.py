@@ -25,6 +25,7 @@ class BlockTables:
         self.block_size = int(block_size)
         self.max_blocks_per_seq = int(max_blocks_per_seq)
         self.allocator = BlockAllocator(int(num_blocks))
+        self._journal = None  # blocks taken since checkpoint()
         self.begin(0)
 
     def begin(self, batch: int) -> None:
@@ -45,7 +46,24 @@ class BlockTables:
         if block is None:
             raise RuntimeError(f"metrale PagedCache: out of blocks (num_blocks = {self.allocator.total}); pass a "
                                "larger num_blocks or max_cache_len")
+        if self._journal is not None:
+            self._journal.append(int(block))
         return int(block)
+
+    def checkpoint(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The table and lengths as they are; the blocks taken from now on are recorded, so
+        that ``rollback`` can give them back (a forward that fails before it writes)."""
+        self._journal = []
+        return self.table.copy(), self.lens.copy()
+
+    def commit(self) -> None:
+        self._journal = None
+
+    def rollback(self, cp: Tuple[np.ndarray, np.ndarray]) -> None:
+        """Back to the checkpoint: the blocks taken since are freed."""
+        self.allocator.free_all(self._journal or [])
+        self._journal = None
+        self.table, self.lens = cp
 
     def grow(self, b: int, new_len: int) -> List[int]:
         """Gives sequence b the blocks that `new_len` real tokens need; returns the table

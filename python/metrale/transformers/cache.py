@@ -110,7 +110,9 @@ class PagedCache(Cache):
 
     ``PagedCache(config, format="bf16", *, max_batch_size, max_cache_len, block_size=16,
     num_blocks=None, device=None)``: ``format`` "bf16", "fp8" or "nvfp4"; ``max_cache_len``
-    the most real tokens one sequence holds (prompt + generated); ``num_blocks`` pages per
+    the most real tokens one sequence holds (prompt + generated; assisted generation verifies
+    drafts past ``max_new_tokens`` and needs up to ``prompt_lookup_num_tokens`` (or the
+    assistant's draft length) more, which it crops afterwards); ``num_blocks`` pages per
     layer (default ``max_batch_size * ceil(max_cache_len / block_size)``: every sequence at
     full length); ``device`` where the pages are allocated (default: the device of the first
     K given). Use with a model whose ``attn_implementation`` is ``"metrale"``.
@@ -162,6 +164,7 @@ class PagedCache(Cache):
     # ---- state of the batch
     def _clear(self) -> None:
         self._columns = 0            # columns seen, padding included (transformers' sequence length)
+        self._new_columns = 0        # of which the current forward's
         self._bt = BlockTables(self.num_blocks, self.block_size, self.max_blocks_per_seq)  # pages of the batch
         self._calibrated = [False] * len(self.windows)
         self._last_layer = None
@@ -252,6 +255,7 @@ class PagedCache(Cache):
             self._allocate(key_states.device)
         if self._last_layer is None or layer_idx <= self._last_layer:  # the first layer of a new forward
             self._columns += int(key_states.shape[2])
+            self._new_columns = int(key_states.shape[2])
             self._step = None
         self._last_layer = layer_idx
         self._pending_layer = layer_idx
@@ -421,9 +425,29 @@ class PagedCache(Cache):
                 "lens": torch.zeros(batch, dtype=torch.int32, device=device)}
 
     def _prepare(self, batch: int, n: int, mask: Optional[torch.Tensor], device: torch.device) -> "_Step":
-        """This forward's slots, lengths and runs, made at its first attention call."""
+        """This forward's slots, lengths and runs, made at its first attention call. Where it
+        raises (a batch past max_batch_size, a sequence past max_cache_len, no free block, a
+        bad mask), the cache is left as the last forward left it: the columns this forward's
+        update counted, the blocks it took and a batch it began are given back, so the next
+        generate sees the cache's true length."""
         if self._step is not None:
             return self._step
+        cp, dev = self._bt.checkpoint(), self._dev
+        try:
+            step = self._prepare_step(batch, n, mask, device)
+        except Exception:
+            self._bt.rollback(cp)
+            self._dev = dev
+            if dev and len(dev["lens"]) == self._bt.batch:  # the device mirror as the host table again
+                dev["table"].copy_(torch.from_numpy(self._bt.table))
+                dev["lens"].copy_(torch.from_numpy(self._bt.lens.astype(np.int32)))
+            self._columns -= self._new_columns
+            self._forget_step()
+            raise
+        self._bt.commit()
+        return step
+
+    def _prepare_step(self, batch: int, n: int, mask: Optional[torch.Tensor], device: torch.device) -> "_Step":
         if self._bt.batch == 0:
             self._begin_batch(batch, device)
         elif batch != self._bt.batch:
