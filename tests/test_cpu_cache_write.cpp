@@ -5,6 +5,7 @@
 // padding, the nvfp4 data/scale gap) are checked at once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -14,6 +15,7 @@
 #include "metrale/error.hpp"
 #include "metrale/format.hpp"
 #include "support/problem.hpp"
+#include "testing/reference.hpp"
 
 namespace metrale::test {
 namespace {
@@ -579,6 +581,65 @@ TEST(CpuAbsmax, CalibrationFlowOverTwoBatches) {
   EXPECT_EQ(nvfp4_global_scale_from_absmax(k_absmax), k_absmax / 2688.0f);
   EXPECT_EQ(fp8_scale_from_absmax(0.0f), 1.0f);
   EXPECT_EQ(nvfp4_global_scale_from_absmax(0.0f), 1.0f);
+  // Tiny absmaxes: FP8's scale floors at the smallest normal f32 (1 / scale
+  // finite), NVFP4's g at the smallest positive one.
+  for (float a : {1e-36f, 1e-38f, 1e-41f, std::numeric_limits<float>::denorm_min()}) {
+    EXPECT_EQ(fp8_scale_from_absmax(a), std::max(a / 448.0f, 0x1p-126f)) << a;
+    EXPECT_EQ(nvfp4_global_scale_from_absmax(a), std::max(a / 2688.0f, 0x1p-149f)) << a;
+  }
+}
+
+// K/V whose absmax is far below 448 * 2^-126 (bf16 keeps such values; f32
+// scales of absmax / 448 would be subnormal, and 1 / scale inf): calibrated
+// and written, they decode to finite values within the format's error.
+TEST(CpuAbsmax, TinyValuesCalibrateToFiniteCodes) {
+  const int64_t T = 16, H = 1, D = 64;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (KvFormat f : {KvFormat::fp8_e4m3, KvFormat::nvfp4})
+    for (float mag : {1e-37f, 1e-39f}) {
+      std::vector<bf16> k(T * H * D), v(T * H * D);
+      float k_absmax = 0.0f, v_absmax = 0.0f;
+      for (size_t i = 0; i < k.size(); ++i) {
+        k[i] = codec::float_to_bf16(normal(rng) * mag);
+        v[i] = codec::float_to_bf16(normal(rng) * mag);
+      }
+      cpu::bf16_absmax(k.data(), T, H * D, H * D, &k_absmax);
+      cpu::bf16_absmax(v.data(), T, H * D, H * D, &v_absmax);
+      const KvCacheLayout L = KvCacheLayout::make(f, 1, 16, H, D);
+      std::vector<uint8_t> kc(L.cache_bytes()), vc(L.cache_bytes());
+      CacheWriteArgs w;
+      w.key = k.data();
+      w.value = v.data();
+      w.key_stride = w.value_stride = H * D;
+      std::vector<int64_t> slots(T);
+      for (int64_t t = 0; t < T; ++t) slots[t] = t;
+      w.slot_mapping = slots.data();
+      w.num_tokens = T;
+      w.cache = KvCacheView{L, kc.data(), vc.data(), kv_scales_from_absmax(f, k_absmax, v_absmax)};
+      cpu::reshape_and_cache(w);
+      const KvFormatDesc& d = kv_format_desc(f);
+      AttnArgs a;  // the reference's dequantisation reads the cache through one sequence's table
+      const int32_t table = 0, len = int32_t(T);
+      a.cache = w.cache;
+      a.num_seqs = 1;
+      a.block_tables = &table;
+      a.max_blocks_per_seq = 1;
+      a.seq_lens = &len;
+      const test::KvRows rows = test::cache_rows(a);
+      std::vector<double> kr(D), vr(D);
+      for (int32_t t = 0; t < len; ++t) {
+        rows(0, t, 0, kr.data(), vr.data());
+        for (int64_t i = 0; i < D; ++i) {
+          ASSERT_TRUE(std::isfinite(kr[i]) && std::isfinite(vr[i])) << d.name << " " << mag << " token " << t;
+          // FP8 keeps 3 mantissa bits down to 2^-9 of its scale; NVFP4's g is then an f32
+          // subnormal of few bits (finite codes, coarse values: only no blow-up is asked).
+          const double tol = f == KvFormat::fp8_e4m3 ? 0.07 : 1.0;
+          EXPECT_LE(std::fabs(kr[i] - codec::bf16_to_float(k[t * D + i])), tol * k_absmax) << d.name << " " << mag;
+          EXPECT_LE(std::fabs(vr[i] - codec::bf16_to_float(v[t * D + i])), tol * v_absmax) << d.name << " " << mag;
+        }
+      }
+    }
 }
 
 TEST(CpuAbsmax, CalibratedFp8ScaleMapsAbsmaxTo448) {

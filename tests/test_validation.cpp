@@ -248,6 +248,13 @@ TEST(Validation, Scales) {
     expect_decode_invalid(KvFormat::nvfp4, [bad](AttnArgs& a) { a.cache.scales.v_global_scale = bad; },
                           "v_global_scale", "nvfp4 v_global_scale " + v);
   }
+  // FP8: a subnormal scale would give the write an infinite 1 / scale; the smallest normal f32 is taken.
+  for (float bad : {1e-39f, std::nextafter(0x1p-126f, 0.0f)}) {
+    expect_decode_invalid(KvFormat::fp8_e4m3, [bad](AttnArgs& a) { a.cache.scales.k_scale = bad; }, "k_scale",
+                          "fp8 subnormal k_scale");
+    expect_decode_invalid(KvFormat::fp8_e4m3, [bad](AttnArgs& a) { a.cache.scales.v_scale = bad; }, "v_scale",
+                          "fp8 subnormal v_scale");
+  }
 }
 
 TEST(Validation, SplitKWorkspace) {

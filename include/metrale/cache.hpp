@@ -101,7 +101,9 @@ struct KvCacheView {
 };
 
 // Calibration: per-tensor scales from a running absmax (docs/spec.md 1, 2).
-// An absmax of 0 (nothing observed) gives scale 1.
+// An absmax of 0 (nothing observed) gives scale 1; a scale below the
+// format's min_tensor_scale (metrale/format.hpp; an absmax under about 5e-36)
+// is raised to it.
 // Both NVFP4 scale rules take the same g: under adaptive, a group within 2/3
 // of the absmax has its 4-candidate scale saturate to 448 (finite; the group
 // then maps its absmax to amax / (448 g), between 4 and 6), and the larger

@@ -23,7 +23,7 @@ enum class KvCode : uint8_t {
   e2m1,  // codec::e2m1_to_float (4 bits; element 2i in the low nibble of byte i)
 };
 
-// Which fields of KvScales a format takes; each must be a finite positive f32.
+// Which fields of KvScales a format takes; each must be a finite f32 >= the format's min_tensor_scale.
 enum class KvTensorScale : uint8_t {
   none,
   scale,         // k_scale, v_scale
@@ -42,6 +42,12 @@ struct KvFormatDesc {
   float operand_factor;    // power of two the kernels' tensor-core operands carry beyond the
                            // dequantized value (src/kernels/formats/<format>.cuh); folded
                            // with the tensor scale into the logit scale and the output
+  // The smallest tensor scale the ops take (calibration floors at it). FP8's
+  // write multiplies by 1 / scale, which a subnormal scale overflows to inf
+  // (codes of 0 * inf were NaN): 2^-126, the smallest normal f32. NVFP4's
+  // write takes any positive g (where s * g underflows, the codec's
+  // per-element route): 2^-149, the smallest positive f32. 0: no scale.
+  float min_tensor_scale;
 
   // Bytes of codes and of group scales one (token, kv head) row occupies.
   METRALE_HD constexpr int64_t row_code_bytes(int64_t head_dim) const { return head_dim * code_bits / 8; }
@@ -96,10 +102,11 @@ struct KvFormatDesc {
 // The formats, indexed by KvFormat. NVFP4's operand factor: E2M1 codes enter
 // the tensor cores as E4M3 bytes worth code * 2^-6 (src/kernels/formats/nvfp4.cuh).
 inline constexpr KvFormatDesc kKvFormats[] = {
-    {KvFormat::bf16, "bf16", "bf16", KvCode::bf16, 16, 0, KvTensorScale::none, 0.0f, 1.0f},
-    {KvFormat::fp8_e4m3, "fp8", "fp8_e4m3", KvCode::e4m3, 8, 0, KvTensorScale::scale, codec::kE4M3Max, 1.0f},
+    {KvFormat::bf16, "bf16", "bf16", KvCode::bf16, 16, 0, KvTensorScale::none, 0.0f, 1.0f, 0.0f},
+    {KvFormat::fp8_e4m3, "fp8", "fp8_e4m3", KvCode::e4m3, 8, 0, KvTensorScale::scale, codec::kE4M3Max, 1.0f,
+     0x1p-126f},
     {KvFormat::nvfp4, "nvfp4", "nvfp4", KvCode::e2m1, 4, codec::kNvfp4GroupSize, KvTensorScale::global_scale,
-     codec::kE4M3Max * codec::kE2M1Max, 64.0f},
+     codec::kE4M3Max * codec::kE2M1Max, 64.0f, 0x1p-149f},
 };
 inline constexpr int kNumKvFormats = int(sizeof(kKvFormats) / sizeof(kKvFormats[0]));
 

@@ -183,19 +183,23 @@ class PagedKVCache:
     def set_scales(self, layer: Optional[int] = None, *, k_scale: Optional[float] = None,
                    v_scale: Optional[float] = None, k_global_scale: Optional[float] = None,
                    v_global_scale: Optional[float] = None, force: bool = False) -> None:
-        """Sets the given scales of `layer` (all layers when None); each must be finite and > 0.
+        """Sets the given scales of `layer` (all layers when None); each must be finite and at
+        least the format's smallest tensor scale (FP8: 2^-126, the smallest normal f32, whose
+        reciprocal the write takes; NVFP4: any positive g).
         Refused on a layer that holds tokens unless ``force``."""
         layers = range(self.num_layers) if layer is None else [self._check_layer(layer)]
         given = []
         values = {"k_scale": k_scale, "v_scale": v_scale, "k_global_scale": k_global_scale,
                   "v_global_scale": v_global_scale}
+        least = float(_metrale.kv_min_tensor_scale(self.format))
         for idx, name in enumerate(SCALE_NAMES):
             val = values[name]
             if val is None:
                 continue
             if isinstance(val, (bool, np.bool_)) or not (isinstance(val, (int, float, np.integer, np.floating))
-                                                         and math.isfinite(val) and val > 0):
-                raise ValueError(f"'{name}' = {val!r}; expected a finite float > 0")
+                                                         and math.isfinite(val) and val > 0 and val >= least):
+                floor = f" >= {least:g} (the format's smallest tensor scale: 1 / scale finite)" if least > 0 else ""
+                raise ValueError(f"'{name}' = {val!r}; expected a finite float > 0{floor}")
             given.append((idx, float(val)))
         self._check_unwritten(layers, force, "setting scales")
         for idx, val in given:

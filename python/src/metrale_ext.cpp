@@ -278,6 +278,8 @@ NB_MODULE(_metrale, m) {
                       l.format == KvFormat::nvfp4 ? concat(", nvfp4_scales=", to_string(l.nvfp4_scales)) : "", ")");
       });
 
+  // The smallest per-tensor scale format `f` takes (KvFormatDesc::min_tensor_scale).
+  m.def("kv_min_tensor_scale", [](KvFormat f) { return kv_format_desc(f).min_tensor_scale; }, nb::arg("format"));
   m.attr("KV_SCALE_NAMES") = nb::make_tuple(kScaleNames[0], kScaleNames[1], kScaleNames[2], kScaleNames[3]);
   {
     nb::list dims;  // metrale/cache.hpp's kSupportedHeadDims

@@ -1,4 +1,6 @@
 // The format table's lookups (metrale/format.hpp) and the format names.
+#include <algorithm>
+
 #include "metrale/format.hpp"
 
 #include "metrale/error.hpp"
@@ -34,7 +36,7 @@ KvFormat kv_format_from_string(const std::string& name) {
 
 namespace {
 float scale_from_absmax(const KvFormatDesc& d, float absmax) {
-  return absmax > 0.0f ? absmax / d.calibration_max : 1.0f;
+  return absmax > 0.0f ? std::max(absmax / d.calibration_max, d.min_tensor_scale) : 1.0f;
 }
 }  // namespace
 

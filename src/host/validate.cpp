@@ -19,8 +19,9 @@ void check_ptr(const void* p, const char* name, bool need_align16) {
   if (need_align16) METRALE_CHECK_ARG(aligned16(p), name, p, "a 16-byte aligned pointer");
 }
 
-void check_scale(float s, const char* name) {
-  METRALE_CHECK_ARG(std::isfinite(s) && s > 0.0f, name, s, "a finite positive f32");
+void check_scale(float s, float min, const char* name) {
+  METRALE_CHECK_ARG(std::isfinite(s) && s >= min, name, s,
+                    concat("a finite f32 >= ", min, " (the format's min_tensor_scale: the writes' reciprocals finite)"));
 }
 
 // The token and head strides of the cache write's key or value, or of the
@@ -62,8 +63,8 @@ void validate_cache_view(const KvCacheView& cache) {
   check_ptr(cache.v, "cache.v", true);
   const KvFormatDesc& f = kv_format_desc(cache.layout.format);
   if (f.tensor_scale != KvTensorScale::none) {
-    check_scale(f.k_scale(cache.scales), f.k_scale_name());
-    check_scale(f.v_scale(cache.scales), f.v_scale_name());
+    check_scale(f.k_scale(cache.scales), f.min_tensor_scale, f.k_scale_name());
+    check_scale(f.v_scale(cache.scales), f.min_tensor_scale, f.v_scale_name());
   }
 }
 

@@ -893,3 +893,25 @@ def test_nvfp4_adaptive_scales_decode_by_the_same_rule_and_cut_the_error(rng):
         metrale.make_layout("nvfp4", 4, 16, H, D, nvfp4_scales="max4")
     with pytest.raises(TypeError, match="nvfp4_scales"):
         metrale.make_layout("nvfp4", 4, 16, H, D, nvfp4_scales=4)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("mag", [1e-30, 1e-37, 1e-39])
+def test_tiny_values_calibrate_to_finite_attention(rng, fmt, mag):
+    """K/V far below the formats' normal range (bf16 keeps them): FP8's calibrated scale
+    absmax / 448 would be an f32 subnormal whose 1 / scale is inf (codes of 0 * inf were NaN);
+    it floors at the smallest normal f32, and the output is finite. A subnormal FP8 scale set
+    by hand is refused by name."""
+    T, H, D, B = 32, 1, 64, 16
+    k = metrale.to_bf16((rng.standard_normal((T, H, D)) * mag).astype(np.float32))
+    v = metrale.to_bf16((rng.standard_normal((T, H, D)) * mag).astype(np.float32))
+    k[0, 0, 0] = v[0, 0, 0] = 0
+    cache = metrale.PagedKVCache(fmt, 2, B, H, D)
+    cache.calibrate(k, v)
+    cache.write(0, k, v, np.arange(T, dtype=np.int64))
+    q = metrale.to_bf16(rng.standard_normal((1, 2, D)).astype(np.float32))
+    out = metrale.attention(q, cache.layer(0), np.array([[0, 1]], np.int32), np.array([T], np.int32))
+    assert np.isfinite(ref.bf16_value(out)).all()
+    if fmt == "fp8":
+        with pytest.raises(ValueError, match="k_scale"):
+            cache.set_scales(0, k_scale=1e-39, force=True)
