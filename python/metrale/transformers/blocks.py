@@ -52,9 +52,11 @@ class BlockTables:
 
     def checkpoint(self) -> Tuple[np.ndarray, np.ndarray]:
         """The table and lengths as they are; the blocks taken from now on are recorded, so
-        that ``rollback`` can give them back (a forward that fails before it writes)."""
+        that ``rollback`` can give them back (a forward that fails before it writes). The
+        table is kept by reference, not copied: ``grow`` only fills columns past a sequence's
+        length, which nothing reads once the length is restored (``begin`` makes new arrays)."""
         self._journal = []
-        return self.table.copy(), self.lens.copy()
+        return self.table, self.lens.copy()
 
     def commit(self) -> None:
         self._journal = None

@@ -437,10 +437,7 @@ class PagedCache(Cache):
             step = self._prepare_step(batch, n, mask, device)
         except Exception:
             self._bt.rollback(cp)
-            self._dev = dev
-            if dev and len(dev["lens"]) == self._bt.batch:  # the device mirror as the host table again
-                dev["table"].copy_(torch.from_numpy(self._bt.table))
-                dev["lens"].copy_(torch.from_numpy(self._bt.lens.astype(np.int32)))
+            self._dev = dev  # its lengths change only after every check; columns past them are never read
             self._columns -= self._new_columns
             self._forget_step()
             raise
