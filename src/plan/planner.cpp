@@ -202,23 +202,15 @@ void bound_workspace(AttnPlan& plan, const AttnPlanOptions& opt, size_t reserved
   }
   plan.workspace_bytes = reserved + (plan.merge == SplitMerge::single_pass ? 0 : per_split * size_t(plan.num_splits));
 }
-}  // namespace
 
-AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, const AttnPlanOptions& opt,
-                             const TuningOptions& tune) {
-  METRALE_CHECK_ARG(target.num_sms > 0, "num_sms", target.num_sms, "> 0");
-  METRALE_CHECK_ARG(opt.num_splits >= 0 && opt.num_splits <= kMaxSplits, "num_splits", opt.num_splits,
-                    "0 (the planner's) or 1.." + std::to_string(kMaxSplits));
-
-  AttnPlan plan;
-  plan.problem = p;
+// A CTA's kv unit: one kv head, or a pair of them (decode_geometry.hpp),
+// forced or the planner's.
+void decide_kv_units(AttnPlan& plan, const AttnTarget& target, const detail::TuningOptions& tune) {
+  const AttnProblem& p = plan.problem;
   const int32_t D = p.layout.head_dim, H = p.layout.num_kv_heads, group = p.num_q_heads / H;
-
-  // Pairing of kv heads (decode_geometry.hpp).
   switch (tune.pairing) {
     case detail::Toggle::automatic:
-      plan.launch.pair_kv_heads =
-          !p.runs_kernel() && decode_pairs_kv_heads(D, H, group, p.num_seqs, target.num_sms);
+      plan.launch.pair_kv_heads = !p.runs_kernel() && decode_pairs_kv_heads(D, H, group, p.num_seqs, target.num_sms);
       break;
     case detail::Toggle::off: plan.launch.pair_kv_heads = false; break;
     case detail::Toggle::on:
@@ -231,31 +223,35 @@ AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, con
   }
   plan.launch.kv_units = plan.launch.pair_kv_heads ? H / 2 : H;
   plan.launch.unit_group = plan.launch.pair_kv_heads ? 2 * group : group;
-  // A CTA's columns are (query row, q head) pairs of its kv unit: a run of n
-  // rows fills ceil(n * unit_group / (8 * col_tiles)) tiles.
-  const int64_t columns = int64_t(p.max_q_len) * plan.launch.unit_group;
-  const bool runs = p.runs_kernel();
+}
+
+// The runs kernel's parts of head_dim: the caller's, or two where they can
+// be and the CTA takes more than 8 columns (or 2 forced n-tiles); refuses
+// forced column tiles and parts that cannot run together.
+int32_t decide_head_dim_parts(const AttnProblem& p, int64_t columns, const detail::TuningOptions& tune) {
   METRALE_CHECK_ARG(tune.col_tiles >= 0 && tune.col_tiles <= kMaxRunsColTiles, "col_tiles", tune.col_tiles,
                     "0 (the planner's) or 1.." + std::to_string(kMaxRunsColTiles));
   METRALE_CHECK_ARG(tune.head_dim_parts >= 0 && tune.head_dim_parts <= 2, "head_dim_parts", tune.head_dim_parts,
                     "0 (the planner's), 1 or 2");
-  const bool can_split_head_dim = runs && runs_can_split_head_dim(kv_format_desc(p.layout.format).group_size > 0, D);
-  if (tune.head_dim_parts == 2 && !can_split_head_dim)
+  const bool runs = p.runs_kernel();
+  const bool can_split = runs && runs_can_split_head_dim(kv_format_desc(p.layout.format).group_size > 0,
+                                                         p.layout.head_dim);
+  if (tune.head_dim_parts == 2 && !can_split)
     detail::throw_unsupported("head_dim_parts", 2,
                               "1 except for query runs (or attention options) over NVFP4 at head_dim 256");
-  // The runs kernel's parts of head_dim: the caller's, or two where they
-  // can be and the CTA takes more than 8 columns (or 2 forced n-tiles).
   int32_t parts = tune.head_dim_parts;
   if (parts == 0)
-    parts = can_split_head_dim && (tune.col_tiles == 0 ? columns > kDecodeQHeadsPerCta : tune.col_tiles > 1) ? 2 : 1;
-  if ((tune.col_tiles > 1 && (!runs || (D > 128 && parts == 1))) || (parts == 2 && tune.col_tiles == 1))
+    parts = can_split && (tune.col_tiles == 0 ? columns > kDecodeQHeadsPerCta : tune.col_tiles > 1) ? 2 : 1;
+  if ((tune.col_tiles > 1 && (!runs || (p.layout.head_dim > 128 && parts == 1))) ||
+      (parts == 2 && tune.col_tiles == 1))
     detail::throw_unsupported("col_tiles", tune.col_tiles,
                               "1 except for query runs (or attention options) at head_dim <= 128 or with "
                               "head_dim_parts 2; 2 with head_dim_parts 2");
-  const int64_t wave = int64_t(target.num_sms) * kDecodeCtasPerSm;
+  return parts;
+}
 
-  // The prefill kernel: tiles of kPrefillRowsPerCta packed rows, split-K where its grid is short.
-  const int64_t prefill_tiles = (columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta;
+// The prefill kernel's knobs, which only a forced prefill takes.
+void check_prefill_knobs(const detail::TuningOptions& tune) {
   METRALE_CHECK_ARG(tune.tile_band >= -1, "tile_band", tune.tile_band, ">= -1 (-1: the planner's order)");
   if (tune.tile_band >= 0 && tune.prefill != detail::Toggle::on)
     detail::throw_unsupported("tile_band", tune.tile_band,
@@ -263,110 +259,141 @@ AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, con
   METRALE_CHECK_ARG(tune.tile_pairs >= -1 && tune.tile_pairs <= 1, "tile_pairs", tune.tile_pairs,
                     "-1 (the planner's), 0 or 1");
   if (tune.tile_pairs >= 0 && tune.prefill != detail::Toggle::on)
-    detail::throw_unsupported("tile_pairs", tune.tile_pairs, "-1 unless prefill is on (the prefill kernel's CTA pairs)");
+    detail::throw_unsupported("tile_pairs", tune.tile_pairs,
+                              "-1 unless prefill is on (the prefill kernel's CTA pairs)");
   if (tune.stage_kv != detail::Toggle::automatic && tune.prefill != detail::Toggle::on)
     detail::throw_unsupported("stage_kv", to_string(tune.stage_kv),
                               "automatic unless prefill is on (the prefill kernel's staged pages)");
-  bool prefill = false;
+}
+
+// Whether the runs take the prefill kernel: forced, or prefill_takes.
+bool decide_prefill(const AttnPlan& plan, const AttnTarget& target, int64_t columns, int64_t tiles,
+                    const AttnPlanOptions& opt, const detail::TuningOptions& tune) {
+  const AttnProblem& p = plan.problem;
   switch (tune.prefill) {
-    case detail::Toggle::automatic:
-      prefill = prefill_takes(p, target, plan.launch.kv_units, columns, prefill_tiles, opt, tune);
-      break;
-    case detail::Toggle::off: prefill = false; break;
-    case detail::Toggle::on:
-      if (!runs || tune.col_tiles > 0 || tune.head_dim_parts > 0 || plan.launch.pair_kv_heads ||
-          opt.merge == SplitMerge::cluster)
-        detail::throw_unsupported("prefill", "on",
-                                  "query runs (or attention options), no col_tiles, head_dim_parts, pairing or "
-                                  "cluster merge");
-      if (!prefill_loads(p, target))
-        detail::throw_unsupported("prefill", "on", "a target that encodes TMA tensor maps for a bf16 cache");
-      prefill = true;
-      break;
+    case detail::Toggle::automatic: return prefill_takes(p, target, plan.launch.kv_units, columns, tiles, opt, tune);
+    case detail::Toggle::off: return false;
+    case detail::Toggle::on: break;
   }
-  plan.kernel = prefill ? AttnKernel::prefill : runs ? AttnKernel::query_runs : AttnKernel::decode;
-  if (prefill) {
-    if (prefill_tiles > kPrefillMaxGridYZ)
-      detail::throw_unsupported("prefill", "on", "max_q_len * q heads per kv head <= 65535 * 128 (the grid's z)");
-    if (p.num_seqs > kPrefillMaxGridYZ)
-      detail::throw_unsupported("prefill", "on", "num_seqs <= 65535 (the grid's y)");
-    plan.launch.head_tiles = int32_t(prefill_tiles);
-    plan.launch.stage_kv = prefill_stages_kv(p, target, opt, tune);
-    // The pages the kernel reads: the cache's, or the staged bf16 ones.
-    const KvFormat read_format = plan.launch.stage_kv ? KvFormat::bf16 : p.layout.format;
-    plan.launch.tile_band = tune.tile_band >= 0 ? std::min(tune.tile_band, plan.launch.head_tiles)
-                                        : prefill_tile_band(p, target, plan.launch.head_tiles, read_format);
-    // CTA pairs (decode_geometry.hpp), forced or the planner's, where a run
-    // has two row tiles: an odd tile count gets an empty last tile, and
-    // bands whole pairs.
-    const bool dequantised = kv_format_desc(read_format).code_bits < 16;
-    plan.launch.tile_pairs = plan.launch.head_tiles >= 2 && plan.launch.head_tiles < kPrefillMaxGridYZ &&
-                      (tune.tile_pairs == 1 ? prefill_can_pair_tiles(dequantised, D)
-                                           : tune.tile_pairs == -1 && prefill_pairs_tiles(dequantised, D, attended_len(p)));
-    if (plan.launch.tile_pairs) {
-      plan.launch.head_tiles += plan.launch.head_tiles % 2;
-      plan.launch.tile_band += plan.launch.tile_band % 2;
-    }
-    plan.launch.ctas_per_seq = int64_t(plan.launch.kv_units) * plan.launch.head_tiles;
-    plan.num_splits = split_count(opt, [&] { return prefill_splits(p, target, plan.grid_x(p.num_seqs)); });
-    // Its splits merge through the workspace (no cluster merge).
-    if (opt.merge == SplitMerge::cluster) detail::throw_unsupported("merge", "cluster", "a plan of the runs or decode kernel");
-    plan.merge = opt.merge == SplitMerge::states_only                          ? SplitMerge::states_only
-                 : plan.num_splits == 1 && opt.merge != SplitMerge::workspace ? SplitMerge::single_pass
-                                                                               : SplitMerge::workspace;
-    plan.launch.load_path = read_format == KvFormat::bf16 ? detail::LoadPath::tma : detail::LoadPath::registers;
-    bound_workspace(plan, opt, plan.launch.stage_kv ? prefill_staging(p).bytes : 0);
-    return plan;
+  if (!p.runs_kernel() || tune.col_tiles > 0 || tune.head_dim_parts > 0 || plan.launch.pair_kv_heads ||
+      opt.merge == SplitMerge::cluster)
+    detail::throw_unsupported("prefill", "on",
+                              "query runs (or attention options), no col_tiles, head_dim_parts, pairing or "
+                              "cluster merge");
+  if (!prefill_loads(p, target))
+    detail::throw_unsupported("prefill", "on", "a target that encodes TMA tensor maps for a bf16 cache");
+  return true;
+}
+
+// The prefill kernel's plan of `tiles` row tiles per kv unit: staging, the
+// launch order, CTA pairs, splits (merged through the workspace: a cluster
+// merge never reaches here) and the workspace.
+void plan_prefill(AttnPlan& plan, const AttnTarget& target, int64_t tiles, const AttnPlanOptions& opt,
+                  const detail::TuningOptions& tune) {
+  const AttnProblem& p = plan.problem;
+  if (tiles > kPrefillMaxGridYZ)
+    detail::throw_unsupported("prefill", "on", "max_q_len * q heads per kv head <= 65535 * 128 (the grid's z)");
+  if (p.num_seqs > kPrefillMaxGridYZ) detail::throw_unsupported("prefill", "on", "num_seqs <= 65535 (the grid's y)");
+  detail::KernelLaunch& l = plan.launch;
+  l.head_tiles = int32_t(tiles);
+  l.stage_kv = prefill_stages_kv(p, target, opt, tune);
+  // The pages the kernel reads: the cache's, or the staged bf16 ones.
+  const KvFormat read_format = l.stage_kv ? KvFormat::bf16 : p.layout.format;
+  l.tile_band = tune.tile_band >= 0 ? std::min(tune.tile_band, l.head_tiles)
+                                    : prefill_tile_band(p, target, l.head_tiles, read_format);
+  // CTA pairs (decode_geometry.hpp), forced or the planner's, where a run
+  // has two row tiles: an odd tile count gets an empty last tile, and
+  // bands whole pairs.
+  const bool dequantised = kv_format_desc(read_format).code_bits < 16;
+  const int32_t D = p.layout.head_dim;
+  l.tile_pairs = l.head_tiles >= 2 && l.head_tiles < kPrefillMaxGridYZ &&
+                 (tune.tile_pairs == 1 ? prefill_can_pair_tiles(dequantised, D)
+                                       : tune.tile_pairs == -1 && prefill_pairs_tiles(dequantised, D, attended_len(p)));
+  if (l.tile_pairs) {
+    l.head_tiles += l.head_tiles % 2;
+    l.tile_band += l.tile_band % 2;
   }
-  plan.launch.col_tiles =
-      tune.col_tiles > 0 ? tune.col_tiles : runs_col_tiles_for(p, target, plan.launch.kv_units, columns, wave, parts);
-  // One n-tile takes whole rows (the planner's parts only: forced 2 with one tile threw above).
-  plan.launch.head_dim_parts = plan.launch.col_tiles == 1 ? 1 : parts;
-  const int64_t tile_cols = int64_t(kDecodeQHeadsPerCta) * plan.launch.col_tiles;
-  plan.launch.head_tiles = int32_t((columns + tile_cols - 1) / tile_cols);
-  plan.launch.ctas_per_seq = int64_t(plan.launch.kv_units) * plan.launch.head_tiles;
-  const int64_t base_ctas = plan.grid_x(p.num_seqs);
+  l.ctas_per_seq = int64_t(l.kv_units) * l.head_tiles;
+  plan.num_splits = split_count(opt, [&] { return prefill_splits(p, target, plan.grid_x(p.num_seqs)); });
+  plan.merge = opt.merge == SplitMerge::states_only                          ? SplitMerge::states_only
+               : plan.num_splits == 1 && opt.merge != SplitMerge::workspace ? SplitMerge::single_pass
+                                                                             : SplitMerge::workspace;
+  l.load_path = read_format == KvFormat::bf16 ? detail::LoadPath::tma : detail::LoadPath::registers;
+  bound_workspace(plan, opt, l.stage_kv ? prefill_staging(p).bytes : 0);
+}
 
-  // Splits.
-  plan.num_splits = split_count(opt, [&] { return fill_splits(base_ctas, attended_len(p), wave); });
-
-  // Load path: TMA for the formats without a scale section wherever the
-  // target encodes tensor maps (the TMA ring carries no scale rows; the
-  // NVFP4 kernel is instruction-bound: docs/decisions.md).
+// Load path: TMA for the formats without a scale section wherever the
+// target encodes tensor maps (the TMA ring carries no scale rows; the NVFP4
+// kernel is instruction-bound: docs/decisions.md).
+detail::LoadPath decide_load_path(const AttnProblem& p, const AttnTarget& target, const detail::TuningOptions& tune) {
   const bool tma_ok = target.tma && kv_format_desc(p.layout.format).group_size == 0;
-  switch (tune.load_path) {
-    case detail::LoadPath::automatic:
-    case detail::LoadPath::tma:
-      if (tune.load_path == detail::LoadPath::tma && !tma_ok)
-        detail::throw_unsupported("load_path", "tma", "bf16 or fp8 on a target that encodes TMA tensor maps");
-      plan.launch.load_path = tma_ok ? detail::LoadPath::tma : detail::LoadPath::registers;
-      break;
-    case detail::LoadPath::registers: plan.launch.load_path = detail::LoadPath::registers; break;
-  }
+  if (tune.load_path == detail::LoadPath::registers) return detail::LoadPath::registers;
+  if (tune.load_path == detail::LoadPath::tma && !tma_ok)
+    detail::throw_unsupported("load_path", "tma", "bf16 or fp8 on a target that encodes TMA tensor maps");
+  return tma_ok ? detail::LoadPath::tma : detail::LoadPath::registers;
+}
 
-  // Merge.
+// How the decode or runs kernel's splits merge: forced, or in clusters where
+// every cluster of the grid is resident at once (the file's merge rule).
+SplitMerge decide_merge(const AttnPlan& plan, const AttnTarget& target, const AttnPlanOptions& opt) {
   const bool clusterable = plan.num_splits >= 2 && plan.num_splits <= kMaxClusterSplits && target.resident_clusters &&
                            (opt.merge == SplitMerge::automatic || opt.merge == SplitMerge::cluster);
   const int64_t resident = clusterable ? target.resident_clusters(plan.kernel_id(), plan.num_splits) : 0;
   switch (opt.merge) {
     case SplitMerge::automatic:
-      plan.merge = plan.num_splits == 1                           ? SplitMerge::single_pass
-                   : (resident > 0 && base_ctas <= resident) ? SplitMerge::cluster
-                                                                : SplitMerge::workspace;
-      break;
-    case SplitMerge::single_pass:
-      plan.merge = SplitMerge::single_pass;
-      break;
+      if (plan.num_splits == 1) return SplitMerge::single_pass;
+      return resident > 0 && plan.grid_x(plan.problem.num_seqs) <= resident ? SplitMerge::cluster
+                                                                            : SplitMerge::workspace;
     case SplitMerge::cluster:
       if (resident <= 0)
         detail::throw_unsupported("merge", "cluster",
                                   "2.." + std::to_string(kMaxClusterSplits) + " splits on a target with clusters");
-      plan.merge = SplitMerge::cluster;
-      break;
-    case SplitMerge::workspace: plan.merge = SplitMerge::workspace; break;
-    case SplitMerge::states_only: plan.merge = SplitMerge::states_only; break;
+      return SplitMerge::cluster;
+    default: return opt.merge;  // single_pass, workspace, states_only
   }
+}
+
+// The decode or runs kernel's plan: column tiles, splits, load path, merge
+// and the workspace.
+void plan_decode(AttnPlan& plan, const AttnTarget& target, int64_t columns, int32_t parts,
+                 const AttnPlanOptions& opt, const detail::TuningOptions& tune) {
+  const AttnProblem& p = plan.problem;
+  detail::KernelLaunch& l = plan.launch;
+  const int64_t wave = int64_t(target.num_sms) * kDecodeCtasPerSm;
+  l.col_tiles = tune.col_tiles > 0 ? tune.col_tiles : runs_col_tiles_for(p, target, l.kv_units, columns, wave, parts);
+  // One n-tile takes whole rows (the planner's parts only: forced 2 with one tile is refused).
+  l.head_dim_parts = l.col_tiles == 1 ? 1 : parts;
+  const int64_t tile_cols = int64_t(kDecodeQHeadsPerCta) * l.col_tiles;
+  l.head_tiles = int32_t((columns + tile_cols - 1) / tile_cols);
+  l.ctas_per_seq = int64_t(l.kv_units) * l.head_tiles;
+  plan.num_splits = split_count(opt, [&] { return fill_splits(plan.grid_x(p.num_seqs), attended_len(p), wave); });
+  l.load_path = decide_load_path(p, target, tune);
+  plan.merge = decide_merge(plan, target, opt);
   bound_workspace(plan, opt);
+}
+}  // namespace
+
+AttnPlan detail::decide_plan(const AttnProblem& p, const AttnTarget& target, const AttnPlanOptions& opt,
+                             const TuningOptions& tune) {
+  METRALE_CHECK_ARG(target.num_sms > 0, "num_sms", target.num_sms, "> 0");
+  METRALE_CHECK_ARG(opt.num_splits >= 0 && opt.num_splits <= kMaxSplits, "num_splits", opt.num_splits,
+                    "0 (the planner's) or 1.." + std::to_string(kMaxSplits));
+  AttnPlan plan;
+  plan.problem = p;
+  decide_kv_units(plan, target, tune);
+  // A CTA's columns are (query row, q head) pairs of its kv unit: a run of n
+  // rows fills ceil(n * unit_group / (8 * col_tiles)) tiles of the decode or
+  // runs kernel, ceil(n * unit_group / kPrefillRowsPerCta) of the prefill kernel.
+  const int64_t columns = int64_t(p.max_q_len) * plan.launch.unit_group;
+  const int32_t parts = decide_head_dim_parts(p, columns, tune);
+  check_prefill_knobs(tune);
+  const int64_t prefill_tiles = (columns + kPrefillRowsPerCta - 1) / kPrefillRowsPerCta;
+  const bool prefill = decide_prefill(plan, target, columns, prefill_tiles, opt, tune);
+  plan.kernel = prefill ? AttnKernel::prefill : p.runs_kernel() ? AttnKernel::query_runs : AttnKernel::decode;
+  if (prefill)
+    plan_prefill(plan, target, prefill_tiles, opt, tune);
+  else
+    plan_decode(plan, target, columns, parts, opt, tune);
   return plan;
 }
 
