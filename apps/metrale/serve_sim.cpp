@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -212,13 +211,194 @@ void check_config(const ServeSimConfig& c) {
   need(c.max_seqs >= 1, "--max-seqs must be >= 1");
 }
 
+// One run's scheduler over a store: the request stream, the waiting queue,
+// the running sequences and their pages. Each step admits what fits, gives
+// full sequences a page (preempting the youngest when none is free), writes
+// and decodes one token per running sequence and retires the finished ones;
+// the counts go to `res`.
+class ServeLoop {
+ public:
+  ServeLoop(const ServeSimConfig& cfg, KvStore& store, int32_t num_blocks, ServeSimResult& res)
+      : cfg_(cfg),
+        store_(store),
+        res_(res),
+        alloc_(num_blocks),
+        // Admission keeps ~1% of the pages free so running sequences can grow
+        // without immediate preemption (vLLM's watermark).
+        watermark_(std::max<int32_t>(1, alloc_.total() / 100)),
+        reqs_(make_requests(cfg)),
+        generated_(reqs_.size(), 0),
+        first_admit_(reqs_.size(), -1),
+        rows_(cfg.seed + 17) {}
+
+  bool done() const { return res_.finished + res_.rejected >= cfg_.num_requests || res_.steps >= cfg_.max_steps; }
+
+  void step() {
+    const int32_t step = res_.steps;
+    while (next_req_ < reqs_.size() && reqs_[next_req_].arrival <= step) waiting_.push_back(int32_t(next_req_++));
+    admit(step);
+    grow();
+    if (!running_.empty()) {
+      decode();
+      retire();
+    }
+    ++res_.steps;
+  }
+
+  // The averages over the steps run; frees what max_steps left running.
+  void finish() {
+    for (Seq& s : running_) release(s);
+    res_.mean_seqs = res_.steps ? double(seq_sum_) / res_.steps : 0.0;
+    res_.saturated_seqs = res_.saturated_steps ? double(saturated_sum_) / res_.saturated_steps : 0.0;
+    res_.mean_used_blocks = res_.steps ? double(used_sum_) / res_.steps : 0.0;
+    res_.mean_wait_steps = admitted_ ? double(wait_sum_) / double(admitted_) : 0.0;
+    res_.final_used_blocks = alloc_.num_used();
+  }
+
+ private:
+  int32_t block_size() const { return cfg_.shape.block_size; }
+  int64_t kv_row() const { return int64_t(cfg_.shape.num_kv_heads) * cfg_.shape.head_dim; }
+  int64_t q_row() const { return int64_t(cfg_.shape.num_q_heads) * cfg_.shape.head_dim; }
+
+  void release(Seq& s) {
+    for (int32_t b : s.blocks) alloc_.free(b);
+    s.blocks.clear();
+  }
+
+  // First come, first served, while the prompt plus the first generated
+  // token fit above the watermark; the admitted prompt (and a preempted
+  // request's output so far) is written.
+  void admit(int32_t step) {
+    const int32_t B = block_size();
+    while (!waiting_.empty() && int32_t(running_.size()) < cfg_.max_seqs) {
+      const int32_t r = waiting_.front();
+      const int32_t ctx = reqs_[size_t(r)].prompt + generated_[size_t(r)];  // a preempted one recomputes its output
+      const int32_t need = blocks_for(ctx + 1, B);
+      if (need > alloc_.total()) {  // can never fit: reject rather than block the queue forever
+        waiting_.pop_front();
+        ++res_.rejected;
+        continue;
+      }
+      if (alloc_.num_free() < need + (running_.empty() ? 0 : watermark_)) break;
+      waiting_.pop_front();
+      Seq s;
+      s.req = r;
+      s.len = ctx;
+      slots_.clear();
+      for (int32_t pos = 0; pos < ctx; ++pos) {
+        if (pos % B == 0) s.blocks.push_back(*alloc_.allocate());  // checked above: enough pages are free
+        slots_.push_back(int64_t(s.blocks.back()) * B + pos % B);
+      }
+      key_.resize(size_t(ctx * kv_row()));
+      value_.resize(key_.size());
+      rows_.fill(key_.data(), ctx, kv_row(), true);
+      rows_.fill(value_.data(), ctx, kv_row(), false);
+      store_.write(key_.data(), value_.data(), slots_.data(), int64_t(slots_.size()));
+      res_.prefill_tokens += ctx;
+      if (first_admit_[size_t(r)] < 0) {
+        first_admit_[size_t(r)] = step;
+        wait_sum_ += step - reqs_[size_t(r)].arrival;
+        ++admitted_;
+      }
+      running_.push_back(std::move(s));
+    }
+  }
+
+  // A sequence whose last page is full needs a new one; when none is free
+  // the youngest sequence is preempted (its pages freed, its request
+  // requeued at the front to be recomputed).
+  void grow() {
+    for (size_t i = 0; i < running_.size();) {
+      if (running_[i].len % block_size() != 0) {
+        ++i;
+        continue;
+      }
+      if (std::optional<int32_t> b = alloc_.allocate()) {
+        running_[i].blocks.push_back(*b);
+        ++i;
+        continue;
+      }
+      Seq& victim = running_.back();
+      release(victim);
+      waiting_.push_front(victim.req);
+      running_.pop_back();
+      ++res_.preemptions;
+      // If the victim was sequence i itself, the loop ends; else retry i.
+    }
+  }
+
+  // One new token per running sequence: its K/V written, then the batch decoded.
+  void decode() {
+    const int32_t B = block_size();
+    const size_t n = running_.size();
+    slots_.clear();
+    lens_.clear();
+    int32_t max_blocks = 0;
+    for (Seq& s : running_) {
+      slots_.push_back(int64_t(s.blocks[size_t(s.len / B)]) * B + s.len % B);
+      lens_.push_back(++s.len);
+      max_blocks = std::max(max_blocks, int32_t(s.blocks.size()));
+    }
+    key_.resize(n * size_t(kv_row()));
+    value_.resize(key_.size());
+    q_.resize(n * size_t(q_row()));
+    rows_.fill(key_.data(), int64_t(n), kv_row(), true);
+    rows_.fill(value_.data(), int64_t(n), kv_row(), false);
+    rows_.fill(q_.data(), int64_t(n), q_row(), false);
+    store_.write(key_.data(), value_.data(), slots_.data(), int64_t(slots_.size()));
+    tables_.assign(n * size_t(max_blocks), 0);
+    for (size_t i = 0; i < n; ++i)
+      std::copy(running_[i].blocks.begin(), running_[i].blocks.end(), &tables_[i * max_blocks]);
+    res_.nonfinite += store_.decode(q_.data(), tables_.data(), max_blocks, lens_.data(), int32_t(n));
+    res_.decode_tokens += int64_t(n);
+
+    res_.peak_seqs = std::max(res_.peak_seqs, int32_t(n));
+    seq_sum_ += int64_t(n);
+    res_.peak_used_blocks = std::max<int64_t>(res_.peak_used_blocks, alloc_.num_used());
+    used_sum_ += alloc_.num_used();
+    if (!waiting_.empty()) {
+      saturated_sum_ += int64_t(n);
+      ++res_.saturated_steps;
+    }
+  }
+
+  // The sequences that produced their last token free their pages.
+  void retire() {
+    for (size_t i = 0; i < running_.size();) {
+      Seq& s = running_[i];
+      if (++generated_[size_t(s.req)] >= reqs_[size_t(s.req)].output) {
+        release(s);
+        running_.erase(running_.begin() + std::ptrdiff_t(i));
+        ++res_.finished;
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  const ServeSimConfig& cfg_;
+  KvStore& store_;
+  ServeSimResult& res_;
+  BlockAllocator alloc_;
+  const int32_t watermark_;
+  const std::vector<Request> reqs_;
+  std::vector<int32_t> generated_, first_admit_;
+  std::deque<int32_t> waiting_;  // request ids; preempted ones go back to the front
+  std::vector<Seq> running_;     // admission order: the last is the youngest
+  RowSource rows_;
+  AlignedVector<bf16> key_, value_, q_;
+  std::vector<int64_t> slots_;
+  std::vector<int32_t> tables_, lens_;
+  size_t next_req_ = 0;
+  int64_t admitted_ = 0, wait_sum_ = 0, seq_sum_ = 0, used_sum_ = 0, saturated_sum_ = 0;
+};
+
 }  // namespace
 
 ServeSimResult run_serve_sim(const ServeSimConfig& cfg, KvFormat format, Backend& be, bool progress) {
   check_config(cfg);
   ServeSimResult res;
   res.format = format;
-  const int32_t B = cfg.shape.block_size;
   res.block_bytes = 2 * make_layout(format, cfg.shape, 1).page_stride_bytes * cfg.num_layers;
   res.num_blocks = int64_t(cfg.budget_mib * double(1 << 20)) / res.block_bytes;
   if (res.num_blocks < 1)
@@ -226,147 +406,15 @@ ServeSimResult run_serve_sim(const ServeSimConfig& cfg, KvFormat format, Backend
                                 " bytes");
   if (res.num_blocks > INT32_MAX) throw std::invalid_argument("serve-sim: --budget-mib too large");
 
-  const auto store = std::make_unique<KvStore>(be, cfg.shape, cfg.num_layers,
-                                               make_layout(format, cfg.shape, res.num_blocks), calibrate(cfg, format));
-  BlockAllocator alloc(int32_t(res.num_blocks));
-  // Admission keeps ~1% of the pages free so running sequences can grow
-  // without immediate preemption (vLLM's watermark).
-  const int32_t watermark = std::max<int32_t>(1, alloc.total() / 100);
-  const std::vector<Request> reqs = make_requests(cfg);
-  std::vector<int32_t> generated(reqs.size(), 0), first_admit(reqs.size(), -1);
-  std::deque<int32_t> waiting;  // request ids; preempted ones go back to the front
-  std::vector<Seq> running;     // admission order: the last is the youngest
-  RowSource rows(cfg.seed + 17);
-  const int64_t kv_row = int64_t(cfg.shape.num_kv_heads) * cfg.shape.head_dim;
-  const int64_t q_row = int64_t(cfg.shape.num_q_heads) * cfg.shape.head_dim;
-  AlignedVector<bf16> key, value, q;
-  std::vector<int64_t> slots;
-  std::vector<int32_t> tables, lens;
-  size_t next_req = 0;
-  int64_t admitted = 0, wait_sum = 0, seq_sum = 0, used_sum = 0, saturated_sum = 0;
+  KvStore store(be, cfg.shape, cfg.num_layers, make_layout(format, cfg.shape, res.num_blocks), calibrate(cfg, format));
+  ServeLoop loop(cfg, store, int32_t(res.num_blocks), res);
   Progress bar(std::string("serve-sim ") + to_string(format), cfg.num_requests);
-
-  auto release = [&](Seq& s) {
-    for (int32_t b : s.blocks) alloc.free(b);
-    s.blocks.clear();
-  };
-
-  while (res.finished + res.rejected < cfg.num_requests && res.steps < cfg.max_steps) {
-    const int32_t step = res.steps;
-    while (next_req < reqs.size() && reqs[next_req].arrival <= step) waiting.push_back(int32_t(next_req++));
-
-    // Admission: first come, first served, while the prompt plus the first
-    // generated token fit above the watermark.
-    while (!waiting.empty() && int32_t(running.size()) < cfg.max_seqs) {
-      const int32_t r = waiting.front();
-      const int32_t ctx = reqs[size_t(r)].prompt + generated[size_t(r)];  // a preempted one recomputes its output too
-      const int32_t need = blocks_for(ctx + 1, B);
-      if (need > alloc.total()) {  // can never fit: reject rather than block the queue forever
-        waiting.pop_front();
-        ++res.rejected;
-        continue;
-      }
-      if (alloc.num_free() < need + (running.empty() ? 0 : watermark)) break;
-      waiting.pop_front();
-      Seq s;
-      s.req = r;
-      s.len = ctx;
-      slots.clear();
-      for (int32_t pos = 0; pos < ctx; ++pos) {
-        if (pos % B == 0) s.blocks.push_back(*alloc.allocate());  // checked above: enough pages are free
-        slots.push_back(int64_t(s.blocks.back()) * B + pos % B);
-      }
-      key.resize(size_t(ctx * kv_row));
-      value.resize(key.size());
-      rows.fill(key.data(), ctx, kv_row, true);
-      rows.fill(value.data(), ctx, kv_row, false);
-      store->write(key.data(), value.data(), slots.data(), int64_t(slots.size()));
-      res.prefill_tokens += ctx;
-      if (first_admit[size_t(r)] < 0) {
-        first_admit[size_t(r)] = step;
-        wait_sum += step - reqs[size_t(r)].arrival;
-        ++admitted;
-      }
-      running.push_back(std::move(s));
-    }
-
-    // Growth: a sequence whose last page is full needs a new one; when none
-    // is free the youngest sequence is preempted (its pages freed, its
-    // request requeued at the front to be recomputed).
-    for (size_t i = 0; i < running.size();) {
-      if (running[i].len % B != 0) {
-        ++i;
-        continue;
-      }
-      if (std::optional<int32_t> b = alloc.allocate()) {
-        running[i].blocks.push_back(*b);
-        ++i;
-        continue;
-      }
-      Seq& victim = running.back();
-      release(victim);
-      waiting.push_front(victim.req);
-      running.pop_back();
-      ++res.preemptions;
-      // If the victim was sequence i itself, the loop ends; else retry i.
-    }
-
-    if (!running.empty()) {
-      // One new token per running sequence: write its K/V, then decode.
-      const size_t n = running.size();
-      slots.clear();
-      lens.clear();
-      int32_t max_blocks = 0;
-      for (Seq& s : running) {
-        slots.push_back(int64_t(s.blocks[size_t(s.len / B)]) * B + s.len % B);
-        lens.push_back(++s.len);
-        max_blocks = std::max(max_blocks, int32_t(s.blocks.size()));
-      }
-      key.resize(n * size_t(kv_row));
-      value.resize(key.size());
-      q.resize(n * size_t(q_row));
-      rows.fill(key.data(), int64_t(n), kv_row, true);
-      rows.fill(value.data(), int64_t(n), kv_row, false);
-      rows.fill(q.data(), int64_t(n), q_row, false);
-      store->write(key.data(), value.data(), slots.data(), int64_t(slots.size()));
-      tables.assign(n * size_t(max_blocks), 0);
-      for (size_t i = 0; i < n; ++i)
-        std::copy(running[i].blocks.begin(), running[i].blocks.end(), &tables[i * max_blocks]);
-      res.nonfinite += store->decode(q.data(), tables.data(), max_blocks, lens.data(), int32_t(n));
-      res.decode_tokens += int64_t(n);
-
-      res.peak_seqs = std::max(res.peak_seqs, int32_t(n));
-      seq_sum += int64_t(n);
-      res.peak_used_blocks = std::max<int64_t>(res.peak_used_blocks, alloc.num_used());
-      used_sum += alloc.num_used();
-      if (!waiting.empty()) {
-        saturated_sum += int64_t(n);
-        ++res.saturated_steps;
-      }
-
-      // Retire the sequences that produced their last token.
-      for (size_t i = 0; i < running.size();) {
-        Seq& s = running[i];
-        if (++generated[size_t(s.req)] >= reqs[size_t(s.req)].output) {
-          release(s);
-          running.erase(running.begin() + std::ptrdiff_t(i));
-          ++res.finished;
-        } else {
-          ++i;
-        }
-      }
-    }
-    ++res.steps;
+  while (!loop.done()) {
+    loop.step();
     if (progress) bar.update(res.finished + res.rejected);
   }
-  for (Seq& s : running) release(s);  // only when max_steps stopped the run early
-
-  res.mean_seqs = res.steps ? double(seq_sum) / res.steps : 0.0;
-  res.saturated_seqs = res.saturated_steps ? double(saturated_sum) / res.saturated_steps : 0.0;
-  res.mean_used_blocks = res.steps ? double(used_sum) / res.steps : 0.0;
-  res.mean_wait_steps = admitted ? double(wait_sum) / double(admitted) : 0.0;
-  res.library_seconds = store->seconds();
-  res.final_used_blocks = alloc.num_used();
+  loop.finish();
+  res.library_seconds = store.seconds();
   return res;
 }
 
