@@ -139,7 +139,8 @@ class KvStore {
     a.seq_lens = lens_.upload(be_, lens, size_t(num_seqs));
     a.sm_scale = 1.0f / std::sqrt(float(shape_.head_dim));
     a.out = out_.reserve<bf16>(be_, out_elems);
-    const AttnPlan plan = plan_attention(attention_problem(a, *std::max_element(lens, lens + num_seqs)), be_.attention_target());
+    const AttnPlan plan =
+        plan_attention(attention_problem(a, *std::max_element(lens, lens + num_seqs)), be_.attention_target());
     const SplitKWorkspace ws{workspace_.reserve<float>(be_, plan.workspace_bytes / sizeof(float) + 1),
                              plan.workspace_bytes, plan.num_splits};
     host_out_.resize(out_elems);
