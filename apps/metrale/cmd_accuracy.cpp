@@ -28,12 +28,7 @@ std::string scale_str(const AccuracyRow& r, bool k) {
   return "-";
 }
 
-int run(Options& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (o.threads > 0) cpu::set_num_threads(o.threads);
-  std::string reason;
-  const std::unique_ptr<Backend> be = make_backend(o.force_cpu, &reason);
-  const std::string backend = be->name(), device = be->device();
+void print_header(const Options& o, const std::string& device, const std::string& reason) {
   const LayerShape& s = o.acc.shape;
   std::printf("metrale accuracy: attention-output error of FP8 and NVFP4 KV caches against the BF16 cache\n");
   std::printf("  one Qwen3-8B-shaped layer (%d q / %d kv heads, head_dim %d, page %d) on model-like K/V:\n",
@@ -42,57 +37,59 @@ int run(Options& o) {
               o.acc.model.outlier_channels, o.acc.model.rope_theta);
   std::printf("backend: %s%s\n", device.c_str(), reason.empty() ? "" : (" (no GPU run: " + reason + ")").c_str());
   std::fflush(stdout);
+}
 
-  const AccuracyReport rep = run_accuracy(o.acc, *be);
-  long long tokens = 0;
-  for (int32_t l : rep.seq_lens) tokens += l;
-  std::printf(
-      "batch: %zu sequences, %s tokens; absmax K %.3g, V %.3g; calibration batch (same model, other\n"
-      "  tokens): absmax K %.3g, V %.3g\n\n",
-      rep.seq_lens.size(), with_commas(tokens).c_str(), rep.k_absmax, rep.v_absmax, rep.calib_k_absmax,
-      rep.calib_v_absmax);
-
-  TextTable t({"format", "scales", "calibration", "KV B/token", "K scale", "V scale", "clipped", "K err", "V err",
-               "max err", "mean err"},
-              {TextTable::Align::left, TextTable::Align::left, TextTable::Align::left});
+// The report's rows three ways: the printed table, the CSV cells and the
+// JSON rows; `nonfinite`: whether any row's output held NaN / Inf.
+struct RowViews {
+  TextTable table{{"format", "scales", "calibration", "KV B/token", "K scale", "V scale", "clipped", "K err", "V err",
+                   "max err", "mean err"},
+                  {TextTable::Align::left, TextTable::Align::left, TextTable::Align::left}};
   std::vector<std::vector<std::string>> csv;
-  nlohmann::json rows = nlohmann::json::array();
-  int status = 0;
+  nlohmann::json json = nlohmann::json::array();
+  bool nonfinite = false;
+};
+
+RowViews row_views(const AccuracyReport& rep, const std::string& backend) {
+  RowViews v;
   for (const AccuracyRow& r : rep.rows) {
     const bool bad = r.error.nonfinite > 0;
-    if (bad) status = 2;
+    v.nonfinite = v.nonfinite || bad;
     const std::string rule = r.format == KvFormat::nvfp4 ? to_string(r.nvfp4_scales) : "-";
     const bool quantized = r.format != KvFormat::bf16;
-    t.add_row({to_string(r.format), rule, r.calibration, format("%.0f", r.kv_bytes_per_token), scale_str(r, true),
-               scale_str(r, false), with_commas(r.clipped), quantized ? format("%.2e", r.k_rel_rms) : "-",
-               quantized ? format("%.2e", r.v_rel_rms) : "-",
-               bad ? format("%lld NaN/Inf", (long long)r.error.nonfinite) : format("%.2e", r.error.worst_rel_l2),
-               bad ? "-" : format("%.2e", r.error.mean_rel_l2)});
-    csv.push_back({backend, to_string(r.format), rule, r.calibration, format("%.0f", r.kv_bytes_per_token),
-                   format("%.9g", r.scales.k_scale), format("%.9g", r.scales.v_scale),
-                   format("%.9g", r.scales.k_global_scale), format("%.9g", r.scales.v_global_scale),
-                   std::to_string(r.clipped), format("%.6e", r.k_rel_rms), format("%.6e", r.v_rel_rms),
-                   format("%.6e", r.error.worst_rel_l2), format("%.6e", r.error.mean_rel_l2),
-                   std::to_string(r.error.nonfinite)});
-    rows.push_back({{"format", to_string(r.format)},
-                    {"nvfp4_scales", rule},
-                    {"calibration", r.calibration},
-                    {"kv_bytes_per_token", r.kv_bytes_per_token},
-                    {"k_scale", r.scales.k_scale},
-                    {"v_scale", r.scales.v_scale},
-                    {"k_global_scale", r.scales.k_global_scale},
-                    {"v_global_scale", r.scales.v_global_scale},
-                    {"clipped", r.clipped},
-                    {"k_rel_rms", r.k_rel_rms},
-                    {"v_rel_rms", r.v_rel_rms},
-                    {"num_splits", r.num_splits},
-                    {"max_rel_l2", r.error.worst_rel_l2},
-                    {"mean_rel_l2", r.error.mean_rel_l2},
-                    {"blocks_compared", r.error.blocks},
-                    {"nonfinite", r.error.nonfinite}});
+    v.table.add_row({to_string(r.format), rule, r.calibration, format("%.0f", r.kv_bytes_per_token),
+                     scale_str(r, true), scale_str(r, false), with_commas(r.clipped),
+                     quantized ? format("%.2e", r.k_rel_rms) : "-", quantized ? format("%.2e", r.v_rel_rms) : "-",
+                     bad ? format("%lld NaN/Inf", (long long)r.error.nonfinite) : format("%.2e", r.error.worst_rel_l2),
+                     bad ? "-" : format("%.2e", r.error.mean_rel_l2)});
+    v.csv.push_back({backend, to_string(r.format), rule, r.calibration, format("%.0f", r.kv_bytes_per_token),
+                     format("%.9g", r.scales.k_scale), format("%.9g", r.scales.v_scale),
+                     format("%.9g", r.scales.k_global_scale), format("%.9g", r.scales.v_global_scale),
+                     std::to_string(r.clipped), format("%.6e", r.k_rel_rms), format("%.6e", r.v_rel_rms),
+                     format("%.6e", r.error.worst_rel_l2), format("%.6e", r.error.mean_rel_l2),
+                     std::to_string(r.error.nonfinite)});
+    v.json.push_back({{"format", to_string(r.format)},
+                      {"nvfp4_scales", rule},
+                      {"calibration", r.calibration},
+                      {"kv_bytes_per_token", r.kv_bytes_per_token},
+                      {"k_scale", r.scales.k_scale},
+                      {"v_scale", r.scales.v_scale},
+                      {"k_global_scale", r.scales.k_global_scale},
+                      {"v_global_scale", r.scales.v_global_scale},
+                      {"clipped", r.clipped},
+                      {"k_rel_rms", r.k_rel_rms},
+                      {"v_rel_rms", r.v_rel_rms},
+                      {"num_splits", r.num_splits},
+                      {"max_rel_l2", r.error.worst_rel_l2},
+                      {"mean_rel_l2", r.error.mean_rel_l2},
+                      {"blocks_compared", r.error.blocks},
+                      {"nonfinite", r.error.nonfinite}});
   }
-  std::fputs(t.render().c_str(), stdout);
-  // NVFP4 adaptive against max6 under the same calibration: error ratios.
+  return v;
+}
+
+// NVFP4 adaptive against max6 under the same calibration: error ratios.
+void print_adaptive_ratios(const AccuracyReport& rep) {
   std::printf("\nNVFP4 adaptive / max6 (same calibration):\n");
   for (const AccuracyRow& a : rep.rows) {
     if (a.format != KvFormat::nvfp4 || a.nvfp4_scales != Nvfp4ScaleRule::adaptive) continue;
@@ -107,7 +104,9 @@ int run(Options& o) {
       break;
     }
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void print_legend(double secs) {
   std::printf(
       "\nmax/mean err: rel. L2 error ||out - ref||2 / ||ref||2 per (sequence, q head), max and mean over the\n"
       "  blocks; ref is float64 attention over the ORIGINAL bf16 K/V rows, so the bf16 row is the output\n"
@@ -120,7 +119,11 @@ int run(Options& o) {
       "K/V err: rel. RMS error of the dequantised K and V caches against the bf16 rows, over all elements.\n"
       "done in %.1f s\n",
       secs);
+}
 
+nlohmann::json report_json(const Options& o, const AccuracyReport& rep, const std::string& backend,
+                           const std::string& device, const std::string& reason, nlohmann::json rows, double secs) {
+  const LayerShape& s = o.acc.shape;
   nlohmann::json j;
   j["command"] = "accuracy";
   j["backend"] = backend;
@@ -137,14 +140,38 @@ int run(Options& o) {
   j["seq_lens"] = rep.seq_lens;
   j["absmax"] = {{"k", rep.k_absmax}, {"v", rep.v_absmax}};
   j["calibration_absmax"] = {{"k", rep.calib_k_absmax}, {"v", rep.calib_v_absmax}};
-  j["rows"] = rows;
+  j["rows"] = std::move(rows);
   j["seconds"] = secs;
-  o.out.write(j,
+  return j;
+}
+
+int run(Options& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.threads > 0) cpu::set_num_threads(o.threads);
+  std::string reason;
+  const std::unique_ptr<Backend> be = make_backend(o.force_cpu, &reason);
+  const std::string backend = be->name(), device = be->device();
+  print_header(o, device, reason);
+
+  const AccuracyReport rep = run_accuracy(o.acc, *be);
+  long long tokens = 0;
+  for (int32_t l : rep.seq_lens) tokens += l;
+  std::printf(
+      "batch: %zu sequences, %s tokens; absmax K %.3g, V %.3g; calibration batch (same model, other\n"
+      "  tokens): absmax K %.3g, V %.3g\n\n",
+      rep.seq_lens.size(), with_commas(tokens).c_str(), rep.k_absmax, rep.v_absmax, rep.calib_k_absmax,
+      rep.calib_v_absmax);
+  RowViews views = row_views(rep, backend);
+  std::fputs(views.table.render().c_str(), stdout);
+  print_adaptive_ratios(rep);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  print_legend(secs);
+  o.out.write(report_json(o, rep, backend, device, reason, std::move(views.json), secs),
               {"backend", "format", "nvfp4_scales", "calibration", "kv_bytes_per_token", "k_scale", "v_scale",
                "k_global_scale", "v_global_scale", "clipped", "k_rel_rms", "v_rel_rms", "max_rel_l2", "mean_rel_l2",
                "nonfinite"},
-              csv);
-  return status;
+              views.csv);
+  return views.nonfinite ? 2 : 0;
 }
 
 }  // namespace
