@@ -595,6 +595,69 @@ TEST(Planner, ForcedSplitsPastTheWorkspaceBoundAreRefusedNamingTheBytes) {
   EXPECT_THROW(test::plan_with(p, gpu_like(1000), states), InvalidArgument);
 }
 
+// Every plan the planner makes on a GPU-like target names a kernel the CUDA
+// backend ships (detail::cuda_kernel_instantiated asks the backend's own
+// dispatch, no GPU needed): random problems of every format, head_dim,
+// grouping, length, window, run length and option, with the public options
+// and the tuning knobs forced at random (a refused forced choice is skipped:
+// the planner's refusal is its answer).
+TEST(Planner, EveryPlanNamesAShippedKernel) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto pick = [&](std::initializer_list<int64_t> v) { return *(v.begin() + int64_t(rng() % v.size())); };
+  auto maybe = [&](int64_t dflt, std::initializer_list<int64_t> v) { return rng() % 3 ? dflt : pick(v); };
+  int plans = 0, kernels[3] = {};
+  for (int i = 0; i < 20000; ++i) {
+    const KvFormat f = KvFormat(pick({0, 1, 2}));
+    const int32_t kv_heads = int32_t(pick({1, 2, 3, 4, 8, 16}));
+    AttnProblem p = problem(int32_t(pick({0, 1, 2, 4, 16, 64, 256, 1000})), kv_heads, int32_t(pick({1, 2, 4, 5, 8, 16})),
+                            int32_t(pick({0, 1, 100, 2048, 8192, 32768, 131072})),
+                            int32_t(maybe(0, {1, 64, 500, 4096})), f, int32_t(pick({64, 128, 256})),
+                            int32_t(pick({16, 32, 64, 128})));
+    p.max_q_len = int32_t(maybe(1, {2, 3, 8, 16, 128, 2048, 16384}));
+    p.attn_options = rng() % 4 == 0;
+    p.query_runs = rng() % 3 == 0;
+    AttnTarget t = gpu_like(int64_t(pick({0, 4, 64, 100000})));
+    t.tma = rng() % 4 != 0;
+    test::PlanChoices c;
+    c.num_splits = int32_t(maybe(0, {1, 2, 3, 8, 33, 256}));
+    c.merge = SplitMerge(maybe(0, {1, 2, 3, 4}));
+    c.pairing = detail::Toggle(maybe(0, {1, 2}));
+    c.load_path = detail::LoadPath(maybe(0, {1, 2}));
+    c.col_tiles = int32_t(maybe(0, {1, 2}));
+    c.head_dim_parts = int32_t(maybe(0, {1, 2}));
+    c.prefill = detail::Toggle(maybe(0, {1, 2}));
+    const bool prefill_on = c.prefill == detail::Toggle::on;
+    c.tile_band = int32_t(prefill_on ? maybe(-1, {0, 1, 3}) : -1);
+    c.tile_pairs = int32_t(prefill_on ? maybe(-1, {0, 1}) : -1);
+    c.stage_kv = prefill_on ? detail::Toggle(maybe(0, {1, 2})) : detail::Toggle::automatic;
+    AttnPlan plan;
+    try {
+      plan = test::plan_with(p, t, c);
+    } catch (const Unsupported&) {
+      continue;
+    } catch (const InvalidArgument&) {  // a forced split count past the workspace bound
+      continue;
+    }
+    ++plans;
+    ++kernels[int(plan.kernel)];
+    const detail::KernelId id = plan.kernel_id();
+    ASSERT_TRUE(detail::cuda_kernel_instantiated(id))
+        << "format " << int(id.format) << " head_dim " << id.head_dim << " load path " << int(id.load_path)
+        << " paired " << id.pair_kv_heads << " runs " << id.runs << " col_tiles " << id.col_tiles << " parts "
+        << id.head_dim_parts << " prefill " << id.prefill << " tile_pairs " << id.tile_pairs << " (case " << i << ")";
+  }
+  EXPECT_GT(plans, 5000);
+  for (int k : kernels) EXPECT_GT(k, 100);  // decode, runs and prefill plans all drawn
+  // The check can say no: instantiations the dispatch does not ship.
+  detail::KernelId runs_d256_two_tiles{KvFormat::bf16, 256, detail::LoadPath::registers, false, true, 2, 1};
+  EXPECT_FALSE(detail::cuda_kernel_instantiated(runs_d256_two_tiles));
+  detail::KernelId nvfp4_tma{KvFormat::nvfp4, 128, detail::LoadPath::tma};
+  EXPECT_FALSE(detail::cuda_kernel_instantiated(nvfp4_tma));
+  detail::KernelId nvfp4_pairs_d256{KvFormat::nvfp4, 256, detail::LoadPath::registers};
+  nvfp4_pairs_d256.runs = nvfp4_pairs_d256.prefill = nvfp4_pairs_d256.tile_pairs = true;
+  EXPECT_FALSE(detail::cuda_kernel_instantiated(nvfp4_pairs_d256));
+}
+
 TEST(Planner, QueryRowsDefaultToTheCapacityOfTheRuns) {
   // num_q_rows 0: num_seqs * max_q_len, so every batch of runs that fits the
   // problem fits the plan and its workspace.

@@ -50,5 +50,11 @@ void run_attention(const AttnPlan& plan, const AttnArgs& args, const SplitKWorks
 // Merges split-K states (a states_only plan's, or states computed
 // anywhere: docs/spec.md 4) into args.out, applying the sinks, writing lse.
 void reduce_states(const ReduceArgs& args, Stream stream = nullptr);
-
 }  // namespace metrale::cuda
+
+namespace metrale::detail {
+// Whether the CUDA backend ships the kernel instantiation `id` names
+// (internal: every plan's does, tests/test_planner.cpp). Host code, no GPU
+// needed.
+bool cuda_kernel_instantiated(const KernelId& id);
+}  // namespace metrale::detail

@@ -77,11 +77,11 @@ RunParams make_params(const AttnPlan& plan, const AttnArgs& a, float* workspace)
   return p;
 }
 
-kernels::PrefillLaunch prefill_kernels(KvFormat format) {
+const kernels::PrefillFormatKernels& prefill_kernels(KvFormat format) {
   switch (format) {
-    case KvFormat::bf16: return kernels::kPrefillBf16;
-    case KvFormat::fp8_e4m3: return kernels::kPrefillFp8;
-    case KvFormat::nvfp4: return kernels::kPrefillNvfp4;
+    case KvFormat::bf16: return kernels::kPrefillBf16Kernels;
+    case KvFormat::fp8_e4m3: return kernels::kPrefillFp8Kernels;
+    case KvFormat::nvfp4: return kernels::kPrefillNvfp4Kernels;
   }
   detail::throw_unsupported("format", int(format), "bf16, fp8_e4m3, nvfp4");
 }
@@ -104,15 +104,15 @@ void launch_plan(const AttnPlan& plan, const AttnArgs& a, float* workspace, Stre
       grid = dim3(unsigned(ctas));
     }
     if (!plan.launch.stage_kv) {
-      prefill_kernels(plan.kernel_id().format)(kernels::make_prefill_params(plan, a, workspace), plan.kernel_id(),
-                                               grid, stream);
+      prefill_kernels(plan.kernel_id().format)
+          .launch(kernels::make_prefill_params(plan, a, workspace), plan.kernel_id(), grid, stream);
       return;
     }
     // The pages as bf16 first; then the bf16 kernel (kernel_id's format) over them.
     const kernels::PrefillStageParams staged = kernels::make_prefill_stage_params(plan, a, workspace);
     const kernels::PrefillParams p = kernels::make_prefill_params(plan, a, workspace, &staged);
     kernels::launch_prefill_stage(staged, plan.problem.layout.format, a.num_seqs, stream);
-    prefill_kernels(plan.kernel_id().format)(p, plan.kernel_id(), grid, stream);
+    prefill_kernels(plan.kernel_id().format).launch(p, plan.kernel_id(), grid, stream);
     return;
   }
   const int64_t grid_x = plan.grid_x(a.num_seqs);
@@ -153,3 +153,8 @@ void run_attention(const AttnPlan& plan, const AttnArgs& args, const SplitKWorks
 }
 
 }  // namespace metrale::cuda
+
+bool metrale::detail::cuda_kernel_instantiated(const KernelId& id) {
+  return id.prefill ? cuda::prefill_kernels(id.format).instantiated(id)
+                    : cuda::format_kernels(id.format).instantiated(id);
+}

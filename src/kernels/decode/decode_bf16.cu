@@ -4,6 +4,7 @@
 
 namespace metrale::kernels {
 
-const DecodeFormatKernels kDecodeBf16Kernels{launch_decode<Bf16Format>, resident_decode_clusters<Bf16Format>};
+const DecodeFormatKernels kDecodeBf16Kernels{launch_decode<Bf16Format>, resident_decode_clusters<Bf16Format>,
+                                               decode_instantiated<Bf16Format>};
 
 }  // namespace metrale::kernels

@@ -92,10 +92,10 @@ struct DecodeConfig {
   // flight, so narrower formats load more steps at once: about the same
   // bytes per thread for every format, bounded by registers.
   static constexpr int kStepBytesPerThread = kPartBytes;  // two K quarter rows + four V eighth rows
-  // Budgets chosen so that no instantiation spills (ptxas -v; the bf16
-  // head_dim-256 register path is at the edge: small changes elsewhere in
-  // the kernel have spilled 8-20 bytes there); more steps in flight (nvfp4
-  // 384) or 3 CTAs per SM were slower.
+  // Budgets chosen so that the decode instantiations do not spill (ptxas
+  // -v); the runs kernel at head_dim 256 is at the edge: with CUDA 13.0 its
+  // bf16 register path spills 12 bytes and its fp8 TMA path 16 (255
+  // registers). More steps in flight (nvfp4 384) or 3 CTAs per SM were slower.
   // Column tiles (NT > 1) hold NT sets of accumulators: the register
   // stages shrink by as much so that they do not spill either. Parts of
   // head_dim (HP 2) keep the bytes (twice the steps of half the bytes).

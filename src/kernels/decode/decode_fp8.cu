@@ -4,6 +4,7 @@
 
 namespace metrale::kernels {
 
-const DecodeFormatKernels kDecodeFp8Kernels{launch_decode<Fp8Format>, resident_decode_clusters<Fp8Format>};
+const DecodeFormatKernels kDecodeFp8Kernels{launch_decode<Fp8Format>, resident_decode_clusters<Fp8Format>,
+                                            decode_instantiated<Fp8Format>};
 
 }  // namespace metrale::kernels

@@ -83,6 +83,18 @@ void with_decode_instance(const detail::KernelId& id, F&& f) {
   with_decode_head_dim<Fmt, KvLoads::registers>(id, f);
 }
 
+// Whether `id` names one of the instantiations above (with_decode_instance
+// finds it): host code, no GPU needed.
+template <class Fmt>
+bool decode_instantiated(const detail::KernelId& id) {
+  try {
+    with_decode_instance<Fmt>(id, [](auto) {});
+    return true;
+  } catch (const Unsupported&) {
+    return false;
+  }
+}
+
 // Launches the plan's kernel over grid (grid_x, p.num_splits); cluster > 1:
 // clusters of that many split CTAs, which merge in-kernel.
 template <class Fmt>
@@ -130,6 +142,7 @@ struct DecodeFormatKernels {
   void (*launch)(const RunParams& p, const detail::KernelId& id, int64_t grid_x, int32_t cluster,
                  cudaStream_t stream);
   int64_t (*resident_clusters)(const detail::KernelId& id, int32_t n);
+  bool (*instantiated)(const detail::KernelId& id);
 };
 extern const DecodeFormatKernels kDecodeBf16Kernels, kDecodeFp8Kernels, kDecodeNvfp4Kernels;
 

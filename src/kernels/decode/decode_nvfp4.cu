@@ -4,6 +4,7 @@
 
 namespace metrale::kernels {
 
-const DecodeFormatKernels kDecodeNvfp4Kernels{launch_decode<Nvfp4Format>, resident_decode_clusters<Nvfp4Format>};
+const DecodeFormatKernels kDecodeNvfp4Kernels{launch_decode<Nvfp4Format>, resident_decode_clusters<Nvfp4Format>,
+                                              decode_instantiated<Nvfp4Format>};
 
 }  // namespace metrale::kernels

@@ -4,6 +4,6 @@
 
 namespace metrale::kernels {
 
-const PrefillLaunch kPrefillBf16 = launch_prefill<Bf16Format>;
+const PrefillFormatKernels kPrefillBf16Kernels{launch_prefill<Bf16Format>, prefill_instantiated<Bf16Format>};
 
 }  // namespace metrale::kernels

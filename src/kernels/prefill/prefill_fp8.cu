@@ -4,6 +4,6 @@
 
 namespace metrale::kernels {
 
-const PrefillLaunch kPrefillFp8 = launch_prefill<Fp8Format>;
+const PrefillFormatKernels kPrefillFp8Kernels{launch_prefill<Fp8Format>, prefill_instantiated<Fp8Format>};
 
 }  // namespace metrale::kernels

@@ -4,6 +4,6 @@
 
 namespace metrale::kernels {
 
-const PrefillLaunch kPrefillNvfp4 = launch_prefill<Nvfp4Format>;
+const PrefillFormatKernels kPrefillNvfp4Kernels{launch_prefill<Nvfp4Format>, prefill_instantiated<Nvfp4Format>};
 
 }  // namespace metrale::kernels
