@@ -74,6 +74,17 @@ template <class T>
 [[noreturn]] void throw_unsupported(const char* arg, const T& value, const std::string& supported) {
   throw Unsupported(concat("metrale: unsupported '", arg, "' = ", value, "; supported: ", supported));
 }
+// Whether f() runs without throwing Unsupported (a dispatch asked whether
+// it has what a plan names).
+template <class F>
+bool runs_supported(F&& f) {
+  try {
+    f();
+    return true;
+  } catch (const Unsupported&) {
+    return false;
+  }
+}
 }  // namespace detail
 
 // Throws InvalidArgument naming `arg` unless `ok`.

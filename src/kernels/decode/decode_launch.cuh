@@ -87,12 +87,7 @@ void with_decode_instance(const detail::KernelId& id, F&& f) {
 // finds it): host code, no GPU needed.
 template <class Fmt>
 bool decode_instantiated(const detail::KernelId& id) {
-  try {
-    with_decode_instance<Fmt>(id, [](auto) {});
-    return true;
-  } catch (const Unsupported&) {
-    return false;
-  }
+  return detail::runs_supported([&] { with_decode_instance<Fmt>(id, [](auto) {}); });
 }
 
 // Launches the plan's kernel over grid (grid_x, p.num_splits); cluster > 1:

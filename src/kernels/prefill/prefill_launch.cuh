@@ -63,12 +63,7 @@ void launch_prefill(const PrefillParams& p, const detail::KernelId& id, dim3 gri
 // Whether `id` names one of the instantiations above: host code, no GPU needed.
 template <class Fmt>
 bool prefill_instantiated(const detail::KernelId& id) {
-  try {
-    with_prefill_instance<Fmt>(id, [](auto) {});
-    return true;
-  } catch (const Unsupported&) {
-    return false;
-  }
+  return detail::runs_supported([&] { with_prefill_instance<Fmt>(id, [](auto) {}); });
 }
 
 // The per-format translation units (prefill_<format>.cu).
