@@ -23,6 +23,7 @@
 #include "plan/planner.hpp"
 #include "plan/prefill_staging.hpp"
 #include "plan/tuning.hpp"
+#include "plan/workspace_bound.hpp"
 
 namespace metrale {
 
@@ -174,35 +175,6 @@ int32_t split_count(const AttnPlanOptions& opt, Own own) {
   return n;
 }
 
-// The split-K workspace of a plan that merges through it, inside the bound
-// (AttnPlanOptions::max_workspace_bytes): a forced split count (or a
-// states_only plan) past it is refused before anything is allocated; the
-// planner's own count shrinks to what fits, down to a single pass.
-// `reserved`: the workspace's other bytes (a prefill plan's staged pages),
-// which the records' bound leaves out.
-void bound_workspace(AttnPlan& plan, const AttnPlanOptions& opt, size_t reserved = 0) {
-  const AttnProblem& p = plan.problem;
-  plan.workspace_bytes = reserved;
-  if (plan.merge != SplitMerge::workspace && plan.merge != SplitMerge::states_only) return;
-  const size_t bound = (opt.max_workspace_bytes ? opt.max_workspace_bytes : kDefaultMaxWorkspaceBytes) - reserved;
-  const size_t per_split = splitk_workspace_bytes(p.rows(), p.num_q_heads, p.layout.head_dim, 1);
-  const size_t bytes = per_split * size_t(plan.num_splits);
-  if (bytes > bound && (opt.num_splits > 0 || plan.merge == SplitMerge::states_only))
-    detail::throw_invalid("num_splits",
-                          detail::concat(plan.num_splits, ": a split-K workspace of ", bytes, " bytes (", p.rows(),
-                                         " query rows x ", p.num_q_heads, " q heads x ", plan.num_splits,
-                                         " splits x ", p.layout.head_dim + 2, " floats)"),
-                          detail::concat("a workspace within max_workspace_bytes = ", bound,
-                                         " bytes: fewer splits, or a plan for fewer query rows (num_q_rows, "
-                                         "max_q_len)"));
-  if (bytes > bound) {
-    const int32_t fit = int32_t(std::min<size_t>(bound / std::max<size_t>(per_split, 1), size_t(plan.num_splits)));
-    plan.num_splits = std::max(fit, 1);
-    if (plan.num_splits == 1) plan.merge = SplitMerge::single_pass;
-  }
-  plan.workspace_bytes = reserved + (plan.merge == SplitMerge::single_pass ? 0 : per_split * size_t(plan.num_splits));
-}
-
 // A CTA's kv unit: one kv head, or a pair of them (decode_geometry.hpp),
 // forced or the planner's.
 void decide_kv_units(AttnPlan& plan, const AttnTarget& target, const detail::TuningOptions& tune) {
@@ -319,7 +291,7 @@ void plan_prefill(AttnPlan& plan, const AttnTarget& target, int64_t tiles, const
                : plan.num_splits == 1 && opt.merge != SplitMerge::workspace ? SplitMerge::single_pass
                                                                              : SplitMerge::workspace;
   l.load_path = read_format == KvFormat::bf16 ? detail::LoadPath::tma : detail::LoadPath::registers;
-  bound_workspace(plan, opt, l.stage_kv ? prefill_staging(p).bytes : 0);
+  detail::bound_workspace(plan, opt, l.stage_kv ? prefill_staging(p).bytes : 0);
 }
 
 // Load path: TMA for the formats without a scale section wherever the
@@ -369,7 +341,7 @@ void plan_decode(AttnPlan& plan, const AttnTarget& target, int64_t columns, int3
   plan.num_splits = split_count(opt, [&] { return fill_splits(plan.grid_x(p.num_seqs), attended_len(p), wave); });
   l.load_path = decide_load_path(p, target, tune);
   plan.merge = decide_merge(plan, target, opt);
-  bound_workspace(plan, opt);
+  detail::bound_workspace(plan, opt);
 }
 }  // namespace
 
